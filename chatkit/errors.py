@@ -1,0 +1,189 @@
+"""The chatkit error tree.
+
+Every error chatkit raises derives from :class:`ChatkitError`. The class is the
+code: context travels as attributes, and each class carries the exit code the
+``chatkit`` command uses for it (``exit_code``)::
+
+    ChatkitError (1)
+    ├── UserError                    the caller's input is wrong; fixed by changing the call
+    │   ├── InvalidParameter (2)     a bad argument value (sampling params, sizes, ...)
+    │   ├── SchemaInvalid (10)       not JSON / not a JSON Schema
+    │   ├── SchemaUnsupported (11)   a valid schema keyword chatkit cannot enforce (keyword, path)
+    │   ├── GrammarInvalid (12)      a regex or Lark grammar that fails to compile (diagnostic)
+    │   ├── TemplateError (13)       a chat template that fails or is unsafe to render
+    │   └── SharedProcessorError (14) one processor object given to two streams
+    ├── ModelError                   the model file or the engine
+    │   ├── ModelNotFound (20)       no path given and the default model is not installed
+    │   ├── ModelLoadError (21)      missing, unreadable or corrupt GGUF (path)
+    │   └── DecodeError (22)         llama_decode failed (context full, ...)
+    └── GenerationError              what the model produced cannot be returned as a success
+        ├── AllTokensMasked (30)     the processor left no selectable token
+        ├── ConstraintError (31)     the grammar matcher entered an error state (message)
+        ├── Truncated (32)           max_tokens hit before the constraint completed (partial text)
+        └── SchemaViolation (33)     the independent reader rejected the final text (text, errors)
+
+Foreign exceptions are translated at the boundary with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AllTokensMasked",
+    "ChatkitError",
+    "ConstraintError",
+    "DecodeError",
+    "GenerationError",
+    "GrammarInvalid",
+    "InvalidParameter",
+    "ModelError",
+    "ModelLoadError",
+    "ModelNotFound",
+    "SchemaInvalid",
+    "SchemaUnsupported",
+    "SchemaViolation",
+    "SharedProcessorError",
+    "TemplateError",
+    "Truncated",
+    "UserError",
+]
+
+
+class ChatkitError(Exception):
+    """Root of every chatkit error. ``exit_code`` is the CLI's exit status for it."""
+
+    exit_code: ClassVar[int] = 1
+
+
+class UserError(ChatkitError):
+    """The caller's input is wrong: fixed by changing the call, not by retrying."""
+
+
+class InvalidParameter(UserError, ValueError):
+    """An argument value is out of range or of the wrong kind (``name`` says which)."""
+
+    exit_code = 2
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+
+
+class SchemaInvalid(UserError):
+    """The schema is not JSON, or not a valid JSON Schema (``path``: JSON pointer, may be "")."""
+
+    exit_code = 10
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(f"{message} (at {path or '/'})" if path else message)
+        self.path = path
+
+
+class SchemaUnsupported(UserError):
+    """A valid schema keyword that chatkit cannot enforce; refused, never ignored."""
+
+    exit_code = 11
+
+    def __init__(self, keyword: str, path: str, detail: str = "") -> None:
+        msg = f"keyword {keyword!r} at {path or '/'} cannot be enforced"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+        self.keyword = keyword
+        self.path = path
+        self.detail = detail
+
+
+class GrammarInvalid(UserError):
+    """A regex or Lark grammar failed to compile; ``diagnostic`` is the engine's message."""
+
+    exit_code = 12
+
+    def __init__(self, kind: str, diagnostic: str) -> None:
+        super().__init__(f"{kind}: {diagnostic}")
+        self.kind = kind
+        self.diagnostic = diagnostic
+
+
+class TemplateError(UserError):
+    """A chat template failed to render, or tried something the sandbox forbids."""
+
+    exit_code = 13
+
+
+class SharedProcessorError(UserError):
+    """Two streams of one batch were given the same processor object."""
+
+    exit_code = 14
+
+
+class ModelError(ChatkitError):
+    """The model file or the inference engine failed."""
+
+
+class ModelNotFound(ModelError):
+    """No model path was given and the embedded default model is not installed."""
+
+    exit_code = 20
+
+
+class ModelLoadError(ModelError):
+    """The GGUF at ``path`` is missing, unreadable or not a model llama.cpp can load."""
+
+    exit_code = 21
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"cannot load {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class DecodeError(ModelError):
+    """``llama_decode`` returned an error status (``status``), e.g. the context is full."""
+
+    exit_code = 22
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"llama_decode failed ({status}): {message}")
+        self.status = status
+
+
+class GenerationError(ChatkitError):
+    """What the model produced cannot be returned as a success."""
+
+
+class AllTokensMasked(GenerationError):
+    """The logit processor left no selectable token (every logit is -inf or NaN)."""
+
+    exit_code = 30
+
+
+class ConstraintError(GenerationError):
+    """The grammar matcher entered an error state; ``message`` is llguidance's."""
+
+    exit_code = 31
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Truncated(GenerationError):
+    """``max_tokens`` was reached before the constraint completed; ``text`` is the partial text."""
+
+    exit_code = 32
+
+    def __init__(self, text: str, max_tokens: int) -> None:
+        super().__init__(f"cut at max_tokens={max_tokens} before the grammar completed")
+        self.text = text
+        self.max_tokens = max_tokens
+
+
+class SchemaViolation(GenerationError):
+    """The independent reader rejected the final text; ``errors`` lists its findings."""
+
+    exit_code = 33
+
+    def __init__(self, text: str, errors: list[str]) -> None:
+        super().__init__("; ".join(errors) or "the reply does not validate")
+        self.text = text
+        self.errors = errors

