@@ -13,6 +13,7 @@ grammar completes only the configured stop token remains.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,9 +43,12 @@ def llg_tokenizer(model: Model, stop_token: int) -> Any:
     def build() -> Any:
         import llguidance.llamacpp  # imports llama_cpp: keep it off the model-free paths
 
-        return llguidance.llamacpp.lltokenizer_from_vocab(
-            model.vocab_handle, n_vocab=model.n_vocab, eos_token=stop_token
-        )
+        with warnings.catch_warnings():
+            # llguidance's bridge calls llama_token_get_attr, deprecated in llama-cpp-python.
+            warnings.filterwarnings("ignore", "llama_token_get_attr", DeprecationWarning)
+            return llguidance.llamacpp.lltokenizer_from_vocab(
+                model.vocab_handle, n_vocab=model.n_vocab, eos_token=stop_token
+            )
 
     return model.cache(("llg_tokenizer", stop_token), build)
 
@@ -190,8 +194,7 @@ class Constraint:
             raise ConstraintError(m.get_error())
         words = mask[0]
         np.bitwise_and(words, self._static, out=words)
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little", count=logits.shape[0])
-        np.putmask(logits, bits == 0, -np.inf)
+        apply_bitmask(logits, words)
 
     def commit(self, token: int) -> None:
         """Advance the grammar by the selected token. Raises ``ConstraintError`` if refused."""
@@ -241,3 +244,37 @@ def _refusal(kind: ConstraintKind, message: str) -> Exception:
     if kind == "json_schema":
         return SchemaInvalid(message)
     return GrammarInvalid(kind, message)
+
+
+def _bit_ids(words: NDArray[np.int32], which: NDArray[np.intp]) -> NDArray[np.intp]:
+    """Token ids of the set bits in ``words[which]``."""
+    bits = np.unpackbits(words[which].view(np.uint8), bitorder="little").reshape(-1, 32)
+    rows, cols = np.nonzero(bits)
+    return which[rows] * 32 + cols
+
+
+# Byte -> its 8 bits as additive logit biases (0 allowed, -inf forbidden), little-endian.
+_BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.inf).astype(
+    np.float32
+)
+
+
+def apply_bitmask(logits: NDArray[np.float32], words: NDArray[np.int32]) -> None:
+    """Set logits whose bit is 0 to -inf, in place; bits past ``len(logits)`` are ignored.
+
+    A sparse mask (few allowed words) saves the allowed values, fills the row
+    with -inf and restores them; otherwise each mask byte is expanded through
+    a 256x8 bias table and added to the row (branch-free: ~85-115 us at 262k
+    vocab where a boolean ``putmask`` takes ~300-500 us).
+    """
+    n = logits.shape[0]
+    allowed_words = np.flatnonzero(words)
+    if allowed_words.shape[0] <= words.shape[0] // 16:
+        ids = _bit_ids(words, allowed_words)
+        ids = ids[ids < n]
+        keep = logits[ids]
+        logits.fill(-np.inf)
+        logits[ids] = keep
+        return
+    bias = np.take(_BYTE_BIAS, words.view(np.uint8), axis=0).reshape(-1)
+    np.add(logits, bias[:n], out=logits)

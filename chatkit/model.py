@@ -50,11 +50,13 @@ _backend_ready = False
 _log_lines: deque[str] = deque(maxlen=64)
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-def _log_callback(level: int, text: bytes | None, user_data: Any) -> None:
+def _log_sink(level: int, text: bytes | None, user_data: Any) -> None:
     """llama.cpp log sink: keep the recent lines (for load errors), print nothing."""
     if text:
         _log_lines.append(text.decode("utf-8", errors="replace").rstrip("\n"))
+
+
+_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(_log_sink)
 
 
 def _ensure_backend() -> None:

@@ -56,6 +56,8 @@ def load_schema(schema: SchemaInput) -> tuple[dict[str, Any] | bool, type[BaseMo
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         model_cls = schema
         doc: Any = schema.model_json_schema()
+        if schema.model_config.get("extra") != "allow":
+            _close_objects(doc)
     elif isinstance(schema, str):
         try:
             doc = json.loads(schema)
@@ -65,13 +67,22 @@ def load_schema(schema: SchemaInput) -> tuple[dict[str, Any] | bool, type[BaseMo
         doc = schema
     if not isinstance(doc, dict | bool):
         raise SchemaInvalid(f"a JSON Schema is an object or a boolean, not {type(doc).__name__}")
-    validator_cls = jsonschema.validators.validator_for(doc, default=jsonschema.Draft202012Validator)
+    default = jsonschema.Draft202012Validator
+    validator_cls = jsonschema.validators.validator_for(doc, default=default)
     try:
-        validator_cls.check_schema(doc)
+        validator_cls.check_schema(doc)  # type: ignore[arg-type]  # bool schemas are valid
     except jsonschema.SchemaError as exc:
         path = _pointer(exc.absolute_path)
         raise SchemaInvalid(f"not a valid JSON Schema: {exc.message}", path=path) from exc
     return doc, model_cls
+
+
+def _close_objects(doc: dict[str, Any]) -> None:
+    """Pydantic ignores (or forbids) undeclared fields, so the grammar need not generate them:
+    objects without an ``additionalProperties`` decision get ``false``."""
+    for _, node in _walk(doc, ""):
+        if node.get("type") == "object" and "properties" in node:
+            node.setdefault("additionalProperties", False)
 
 
 def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = "compact") -> str:

@@ -173,3 +173,26 @@ def test_reader_returns_pydantic_instance_and_rejects_invalid_text() -> None:
     assert info.value.text.startswith("{") and info.value.errors
     with pytest.raises(SchemaViolation):
         reader.read('{"decision":"appr')
+
+
+def test_pydantic_objects_are_closed_unless_extra_allowed() -> None:
+    from pydantic import ConfigDict
+
+    class Inner(BaseModel):
+        x: int
+
+    class Outer(BaseModel):
+        inner: Inner
+
+    class Open(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        x: int
+
+    g = json_grammar(Outer)
+    assert accepts(g, '{"inner":{"x":1}}')
+    assert not accepts(g, '{"inner":{"x":1,"y":2}}')
+    assert not accepts(g, '{"inner":{"x":1},"y":2}')
+    assert accepts(json_grammar(Open), '{"x":1,"y":2}')
+    # A plain dict schema is taken as written: JSON Schema allows extra keys by default.
+    assert accepts(json_grammar({"type": "object", "properties": {"x": {"type": "integer"}}}),
+                   '{"x":1,"y":2}')
