@@ -27,9 +27,8 @@ __all__ = [
 
 Logits = NDArray[np.float32]
 
-# Candidates examined before falling back to a full sort for top-p; the
-# nucleus is exact either way (the fallback covers the rare wide nucleus).
-_TOP_CANDIDATES = 256
+# Candidate widths, in temperature-scaled logits below the top token (inf: all).
+_WIDTHS = (10.0, 20.0, 40.0, math.inf)
 
 
 @dataclass(frozen=True)
@@ -163,76 +162,53 @@ class Sampler:
         return self._sample(row)
 
     def _sample(self, row: Logits) -> int:
-        """Temperature, top-k, top-p, min-p and a draw, exact to the full distribution.
+        """Temperature, top-k, top-p, min-p and one draw, exact to the full distribution.
 
-        Works on the top ``_TOP_CANDIDATES`` tokens (argpartition) when that
-        provably holds the whole kept set; otherwise falls back to an O(n)
-        draw over the row (no truncation) or, rarely, a full sort.
+        Candidates are the tokens within ``r * temperature`` logits of the top
+        (r = 10, then 20, 40, then everything). Every token left out weighs
+        less than e^-r of the top one, which bounds the normaliser; the result
+        is accepted only when the kept set and the drawn index are the same for
+        every normaliser inside that bound, so it equals inverse-CDF sampling
+        over the whole vocabulary (sorted by probability, ties by id). Cost:
+        one max and one comparison over the row; exp and sort on candidates only.
         """
         p = self.params
+        t = p.temperature
         n = row.shape[0]
-        top_k = p.top_k if 0 < p.top_k < n else n
-        width = min(top_k, _TOP_CANDIDATES)
-        cand = _top_indices(row, width)
-        vals = row[cand].astype(np.float64)
-        top = vals[0]
+        top = float(row.max())
         if not top > -np.inf:
             raise AllTokensMasked("no selectable token: every logit is -inf or NaN")
-        weights = np.exp((vals - top) / p.temperature)
-        exact = width == top_k  # the candidates are the whole top-k support
-        if exact:
-            probs = weights / weights.sum()
-        else:
-            full = np.exp((row.astype(np.float64) - top) / p.temperature)
-            if p.top_p >= 1.0 and p.min_p == 0.0:
-                return self._draw(np.arange(n), full)
-            probs = weights / full.sum()
-        keep = width
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p, side="left")) + 1
-            if keep > width:  # the nucleus is wider than the candidates
-                if not exact:
-                    return self._sample_sorted(row)
-                keep = width  # rounding: the whole top-k support
-        if p.min_p > 0.0:
-            above = int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))
-            if not exact and p.top_p >= 1.0 and above == width:
-                return self._sample_sorted(row)
-            keep = min(keep, above)
-        return self._draw(cand[:keep], probs[:keep])
-
-    def _draw(self, ids: NDArray[np.int64], weights: NDArray[np.float64]) -> int:
-        """One draw from unnormalised ``weights`` over ``ids`` (one RNG call)."""
-        cum = np.cumsum(weights)
-        idx = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
-        return int(ids[min(idx, ids.shape[0] - 1)])
-
-    def _sample_sorted(self, row: Logits) -> int:
-        """Exact fallback for a kept set wider than the candidates: sorts the row."""
-        p = self.params
-        n = row.shape[0]
-        top_k = p.top_k if 0 < p.top_k < n else n
-        cand = np.argsort(-row, kind="stable")[:top_k]
-        vals = row[cand].astype(np.float64)
-        probs = np.exp((vals - vals[0]) / p.temperature)
-        probs /= probs.sum()
-        keep = top_k
-        if p.top_p < 1.0:
-            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p, side="left")) + 1)
-        if p.min_p > 0.0:
-            keep = min(keep, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0])))
-        return self._draw(cand[:keep], probs[:keep])
-
-
-def _top_indices(row: Logits, width: int) -> NDArray[np.int64]:
-    """Indices of the ``width`` largest logits, largest first (ties: lower id first)."""
-    n = row.shape[0]
-    if width < n:
-        part = np.argpartition(row, n - width)[n - width :]
-    else:
-        part = np.arange(n)
-    order = np.lexsort((part, -row[part]))
-    return part[order].astype(np.int64)
+        floor = top + t * math.log(p.min_p) if p.min_p > 0.0 else -math.inf
+        limit = p.top_k if 0 < p.top_k < n else n
+        u = self.rng.random()
+        for r in _WIDTHS:
+            # min-p is applied after top-p, so it may only narrow the candidates
+            # when top-p is off (top-p's normaliser covers every top-k token).
+            thr = top - r * t if p.top_p < 1.0 else max(top - r * t, floor)
+            cand = np.flatnonzero(row >= np.float32(thr)) if thr > -math.inf else (
+                np.flatnonzero(row > -np.inf))
+            if cand.shape[0] > limit:
+                cand = cand[np.argpartition(-row[cand], limit - 1)[:limit]]
+            cand = cand[np.lexsort((cand, -row[cand]))]  # most likely first, ties by id
+            size = cand.shape[0]
+            cum = np.cumsum(np.exp((row[cand].astype(np.float64) - top) / t))
+            covered = thr == floor or size == limit  # nothing outside can be kept
+            rest = 0.0 if covered else (limit - size) * math.exp(-r)
+            if p.top_p < 1.0:
+                keep = int(np.searchsorted(cum, p.top_p * cum[-1], side="left")) + 1
+                if rest and int(np.searchsorted(cum, p.top_p * (cum[-1] + rest))) + 1 != keep:
+                    continue  # the nucleus might reach below the candidates
+                keep = min(keep, size)
+                if p.min_p > 0.0:
+                    keep = min(keep, int(np.count_nonzero(row[cand[:keep]] >= floor)))
+                idx = int(np.searchsorted(cum[:keep], u * cum[keep - 1], side="right"))
+                return int(cand[min(idx, keep - 1)])
+            idx = int(np.searchsorted(cum, u * cum[-1], side="right"))
+            if rest and (idx >= size or idx != int(np.searchsorted(cum, u * (cum[-1] + rest),
+                                                                     side="right"))):
+                continue  # the draw might land below the candidates
+            return int(cand[min(idx, size - 1)])
+        raise AssertionError("unreachable: the last width covers every token")
 
 
 def _apply_penalties(row: Logits, history: Sequence[int], p: SamplingParams) -> None:

@@ -132,3 +132,20 @@ def test_processor_protocol_is_runtime_checkable() -> None:
 
     assert isinstance(Nothing(), LogitProcessor)
     assert not isinstance(object(), LogitProcessor)
+
+
+def test_nucleus_wider_than_the_first_candidate_window() -> None:
+    """A flat tail 11 logits down carries real mass: the nucleus must reach into it."""
+    n = 50_000
+    row = np.full(n, -11.0, dtype=np.float32)
+    row[:3] = [0.0, -0.5, -1.0]
+    w = np.exp(row.astype(np.float64))
+    z = w.sum()
+    head = w[:3].sum()
+    kept_tail = int(np.ceil((0.95 * z - head) / w[3]))  # tail tokens kept, lowest ids first
+    p_tail = kept_tail * w[3] / (head + kept_tail * w[3])
+    s = Sampler(SamplingParams(temperature=1.0, top_p=0.95, seed=5))
+    draws = np.array([s.next(row.copy(), []) for _ in range(800)])
+    tail = draws[draws >= 3]
+    assert abs(tail.size / draws.size - p_tail) < 0.06
+    assert tail.max() < 3 + kept_tail + 1
