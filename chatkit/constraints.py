@@ -13,8 +13,10 @@ grammar completes only the configured stop token remains.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance
@@ -98,6 +100,12 @@ class Constraint:
         self._matcher: Any = None
         self._mask: NDArray[np.int32] = np.zeros((1, 0), dtype=np.int32)
         self._static: NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+        self.prefetch = True
+        """Compute the next mask in a worker thread right after each commit, so it
+        overlaps the model's forward pass (llama.cpp and llguidance release the GIL)."""
+        self._pending: Future[Prepared | None] | None = None
+        self._prepared: Prepared | None = None
+        self._has_prepared = False
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -164,6 +172,7 @@ class Constraint:
         self._matcher = matcher.deep_copy()
         self._mask = llguidance.numpy.allocate_token_bitmask(1, model.n_vocab)
         self._static = _static_allowed(model)
+        self._schedule()
         return self
 
     def clone(self) -> Constraint:
@@ -177,35 +186,64 @@ class Constraint:
             other._matcher = self._initial.deep_copy()
             other._mask = np.empty_like(self._mask)
             other._static = self._static
+            other.prefetch = self.prefetch
+            other._schedule()
         return other
 
     def _live(self) -> Any:
+        """The matcher, after any in-flight mask computation has finished with it."""
         if self._matcher is None:
             raise InvalidParameter("constraint", "not bound to a model: call bind(model) first")
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._prepared = pending.result()
+            self._has_prepared = True
         return self._matcher
 
-    # --------------------------------------------------------- LogitProcessor
-    def process(self, logits: NDArray[np.float32], history: Sequence[int]) -> None:
-        """Set every token the grammar forbids to -inf, in place. ~50-500 us."""
-        m = self._live()
+    def _compute(self) -> Prepared | None:
+        """Mask for the current state (None when the matcher is in error)."""
+        m = self._matcher
         mask = self._mask
         m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         if m.is_error():
-            raise ConstraintError(m.get_error())
+            return None
         words = mask[0]
         np.bitwise_and(words, self._static, out=words)
-        apply_bitmask(logits, words)
+        assert self.model is not None
+        return prepare_bitmask(words, self.model.n_vocab)
+
+    def _schedule(self) -> None:
+        self._has_prepared = False
+        if self.prefetch:
+            self._pending = _mask_pool().submit(self._compute)
+
+    # --------------------------------------------------------- LogitProcessor
+    def process(self, logits: NDArray[np.float32], history: Sequence[int]) -> None:
+        """Set every token the grammar forbids to -inf, in place.
+
+        Uses the mask prefetched since the last commit when there is one
+        (then ~10-60 us here), else computes it (~50-500 us).
+        """
+        m = self._live()
+        prepared = self._prepared if self._has_prepared else self._compute()
+        self._has_prepared = False
+        if prepared is None or m.is_error():
+            raise ConstraintError(m.get_error() or "grammar matcher error")
+        apply_prepared(logits, prepared)
 
     def commit(self, token: int) -> None:
         """Advance the grammar by the selected token. Raises ``ConstraintError`` if refused."""
         m = self._live()
         if not m.consume_token(token):
             raise ConstraintError(m.get_error() or f"token {token} refused by the grammar")
+        self._schedule()
 
     def reset(self) -> None:
         """Back to the initial state (start of an assistant turn)."""
         self._live()
         self._matcher = self._initial.deep_copy()
+        self._schedule()
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next (llguidance fast-forward tokens), maybe empty."""
@@ -259,22 +297,48 @@ _BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.in
 )
 
 
-def apply_bitmask(logits: NDArray[np.float32], words: NDArray[np.int32]) -> None:
-    """Set logits whose bit is 0 to -inf, in place; bits past ``len(logits)`` are ignored.
+Prepared = tuple[Literal["sparse", "dense"], NDArray[Any]]
 
-    A sparse mask (few allowed words) saves the allowed values, fills the row
-    with -inf and restores them; otherwise each mask byte is expanded through
-    a 256x8 bias table and added to the row (branch-free: ~85-115 us at 262k
-    vocab where a boolean ``putmask`` takes ~300-500 us).
+
+def prepare_bitmask(words: NDArray[np.int32], n: int) -> Prepared:
+    """Turn mask words into what :func:`apply_prepared` needs (can run off the main thread).
+
+    A sparse mask (few allowed words) becomes the list of allowed ids; any
+    other becomes an additive bias row (0 allowed, -inf forbidden) expanded
+    byte by byte through a 256x8 table: branch-free, ~85-115 us at 262k vocab
+    where a boolean ``putmask`` takes ~300-500 us.
     """
-    n = logits.shape[0]
     allowed_words = np.flatnonzero(words)
     if allowed_words.shape[0] <= words.shape[0] // 16:
         ids = _bit_ids(words, allowed_words)
-        ids = ids[ids < n]
-        keep = logits[ids]
-        logits.fill(-np.inf)
-        logits[ids] = keep
-        return
+        return "sparse", ids[ids < n]
     bias = np.take(_BYTE_BIAS, words.view(np.uint8), axis=0).reshape(-1)
-    np.add(logits, bias[:n], out=logits)
+    return "dense", bias[:n]
+
+
+def apply_prepared(logits: NDArray[np.float32], prepared: Prepared) -> None:
+    """Set the forbidden logits to -inf, in place (~10-60 us)."""
+    kind, data = prepared
+    if kind == "sparse":
+        keep = logits[data]
+        logits.fill(-np.inf)
+        logits[data] = keep
+    else:
+        np.add(logits, data, out=logits)
+
+
+def apply_bitmask(logits: NDArray[np.float32], words: NDArray[np.int32]) -> None:
+    """Set logits whose bit is 0 to -inf, in place; bits past ``len(logits)`` are ignored."""
+    apply_prepared(logits, prepare_bitmask(words, logits.shape[0]))
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _mask_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chatkit-mask")
+        return _pool

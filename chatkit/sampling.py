@@ -27,8 +27,10 @@ __all__ = [
 
 Logits = NDArray[np.float32]
 
-# Candidate widths, in temperature-scaled logits below the top token (inf: all).
-_WIDTHS = (10.0, 20.0, 40.0, math.inf)
+# Sampling works on the tokens within _BAND temperature-scaled logits of the top,
+# bucketed in _BUCKETS slices for the top-p crossing.
+_BAND = 20.0
+_BUCKETS = 64
 
 
 @dataclass(frozen=True)
@@ -164,51 +166,86 @@ class Sampler:
     def _sample(self, row: Logits) -> int:
         """Temperature, top-k, top-p, min-p and one draw, exact to the full distribution.
 
-        Candidates are the tokens within ``r * temperature`` logits of the top
-        (r = 10, then 20, 40, then everything). Every token left out weighs
-        less than e^-r of the top one, which bounds the normaliser; the result
-        is accepted only when the kept set and the drawn index are the same for
-        every normaliser inside that bound, so it equals inverse-CDF sampling
-        over the whole vocabulary (sorted by probability, ties by id). Cost:
-        one max and one comparison over the row; exp and sort on candidates only.
+        Top-p keeps the smallest set of most probable tokens (ties: lower id
+        first) whose probability reaches top_p; min-p then drops tokens below
+        min_p times the top token's probability; the draw is inverse-CDF
+        sampling over the kept tokens in id order. Only the BAND (tokens within
+        20 temperature-scaled logits of the top) is exponentiated: every other
+        token weighs less than e^-20 of the top one, which bounds the
+        normaliser, and a result is used only when it is the same for every
+        normaliser inside that bound; otherwise an exact pass over the whole
+        row decides. Cost: one max and one comparison over the row, then
+        vectorised work on the band (no full-vocabulary exp or sort).
         """
         p = self.params
-        t = p.temperature
         n = row.shape[0]
         top = float(row.max())
         if not top > -np.inf:
             raise AllTokensMasked("no selectable token: every logit is -inf or NaN")
-        floor = top + t * math.log(p.min_p) if p.min_p > 0.0 else -math.inf
-        limit = p.top_k if 0 < p.top_k < n else n
         u = self.rng.random()
-        for r in _WIDTHS:
-            # min-p is applied after top-p, so it may only narrow the candidates
-            # when top-p is off (top-p's normaliser covers every top-k token).
-            thr = top - r * t if p.top_p < 1.0 else max(top - r * t, floor)
-            cand = np.flatnonzero(row >= np.float32(thr)) if thr > -math.inf else (
-                np.flatnonzero(row > -np.inf))
-            if cand.shape[0] > limit:
-                cand = cand[np.argpartition(-row[cand], limit - 1)[:limit]]
-            cand = cand[np.lexsort((cand, -row[cand]))]  # most likely first, ties by id
-            size = cand.shape[0]
-            cum = np.cumsum(np.exp((row[cand].astype(np.float64) - top) / t))
-            covered = thr == floor or size == limit  # nothing outside can be kept
-            rest = 0.0 if covered else (limit - size) * math.exp(-r)
-            if p.top_p < 1.0:
-                keep = int(np.searchsorted(cum, p.top_p * cum[-1], side="left")) + 1
-                if rest and int(np.searchsorted(cum, p.top_p * (cum[-1] + rest))) + 1 != keep:
-                    continue  # the nucleus might reach below the candidates
-                keep = min(keep, size)
-                if p.min_p > 0.0:
-                    keep = min(keep, int(np.count_nonzero(row[cand[:keep]] >= floor)))
-                idx = int(np.searchsorted(cum[:keep], u * cum[keep - 1], side="right"))
-                return int(cand[min(idx, keep - 1)])
-            idx = int(np.searchsorted(cum, u * cum[-1], side="right"))
-            if rest and (idx >= size or idx != int(np.searchsorted(cum, u * (cum[-1] + rest),
-                                                                     side="right"))):
-                continue  # the draw might land below the candidates
-            return int(cand[min(idx, size - 1)])
-        raise AssertionError("unreachable: the last width covers every token")
+        limit = p.top_k if 0 < p.top_k < n else n
+        ids = np.flatnonzero(row >= np.float32(top - _BAND * p.temperature))
+        complete = ids.shape[0] >= limit
+        if ids.shape[0] > limit:
+            ids = np.sort(ids[np.argpartition(-row[ids], limit - 1)[:limit]])
+        rest = 0.0 if complete else (limit - ids.shape[0]) * math.exp(-_BAND)
+        pick = self._pick(row, ids, top, rest, u)
+        if pick is None:  # undecided inside the band: an exact pass over every token
+            every = np.flatnonzero(row > -np.inf)
+            if every.shape[0] > limit:
+                every = np.sort(every[np.argpartition(-row[every], limit - 1)[:limit]])
+            pick = self._pick(row, every, top, 0.0, u)
+        assert pick is not None
+        return pick
+
+    def _pick(self, row: Logits, ids: NDArray[np.intp], top: float, rest: float,
+              u: float) -> int | None:
+        """Draw among ``ids`` (ascending); ``rest`` bounds the weight of selectable
+        tokens outside them. None when that bound leaves the result undecided."""
+        p = self.params
+        vals = row[ids]
+        scaled = (vals - np.float32(top)) / np.float32(p.temperature)
+        w = np.exp(scaled, dtype=np.float32)
+        if p.top_p < 1.0:
+            kept = _nucleus(scaled, w, p.top_p, rest)
+            if kept is None:
+                return None
+            ids, w, rest = ids[kept], w[kept], 0.0
+        if p.min_p > 0.0:
+            sel = w >= np.float32(p.min_p)
+            ids, w = ids[sel], w[sel]
+            if p.min_p >= math.exp(-_BAND):
+                rest = 0.0  # every token that can be kept is among ids
+        cum = np.cumsum(w, dtype=np.float64)
+        idx = int(np.searchsorted(cum, u * cum[-1], side="right"))
+        if rest and (idx >= ids.shape[0] or idx != int(
+                np.searchsorted(cum, u * (cum[-1] + rest), side="right"))):
+            return None
+        return int(ids[min(idx, ids.shape[0] - 1)])
+
+
+def _nucleus(scaled: NDArray[np.float32], w: NDArray[np.float32], top_p: float,
+             rest: float) -> NDArray[np.intp] | None:
+    """Positions (ascending) of the top-p set, or None when ``rest`` leaves it undecided.
+
+    Buckets the candidates by scaled logit (one bincount), finds the bucket
+    where the cumulative mass crosses top_p, and sorts only that bucket.
+    """
+    bucket = np.minimum((-scaled * (_BUCKETS / _BAND)).astype(np.intp), _BUCKETS - 1)
+    mass = np.cumsum(np.bincount(bucket, weights=w, minlength=_BUCKETS))
+    z = float(mass[-1])
+    target, target_hi = top_p * z, top_p * (z + rest)
+    b = min(int(np.searchsorted(mass, target, side="left")), _BUCKETS - 1)
+    if target_hi > mass[b]:
+        return None  # with the largest normaliser the crossing moves to a later bucket
+    inside = np.flatnonzero(bucket == b)
+    inside = inside[np.lexsort((inside, -scaled[inside]))]  # most probable first, ties by id
+    before = float(mass[b - 1]) if b > 0 else 0.0
+    cum = before + np.cumsum(w[inside], dtype=np.float64)
+    k = int(np.searchsorted(cum, target, side="left")) + 1
+    if rest and int(np.searchsorted(cum, target_hi, side="left")) + 1 != k:
+        return None
+    return np.sort(np.concatenate([np.flatnonzero(bucket < b), inside[:k]]))
 
 
 def _apply_penalties(row: Logits, history: Sequence[int], p: SamplingParams) -> None:
