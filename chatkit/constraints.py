@@ -13,6 +13,7 @@ grammar completes only the configured stop token remains.
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -100,9 +101,11 @@ class Constraint:
         self._matcher: Any = None
         self._mask: NDArray[np.int32] = np.zeros((1, 0), dtype=np.int32)
         self._static: NDArray[np.int32] = np.zeros(0, dtype=np.int32)
-        self.prefetch = True
+        self.prefetch: bool | None = None
         """Compute the next mask in a worker thread right after each commit, so it
-        overlaps the model's forward pass (llama.cpp and llguidance release the GIL)."""
+        overlaps the model's forward pass (llama.cpp and llguidance release the GIL).
+        None (auto): only when the machine has a core llama.cpp's threads leave free;
+        on 2 cores with 2 llama threads the overlap measured slower than inline."""
         self._pending: Future[Prepared | None] | None = None
         self._prepared: Prepared | None = None
         self._has_prepared = False
@@ -215,7 +218,10 @@ class Constraint:
 
     def _schedule(self) -> None:
         self._has_prepared = False
-        if self.prefetch:
+        prefetch = self.prefetch
+        if prefetch is None:
+            prefetch = self.model is not None and (os.cpu_count() or 1) > self.model.n_threads
+        if prefetch:
             self._pending = _mask_pool().submit(self._compute)
 
     # --------------------------------------------------------- LogitProcessor
@@ -265,6 +271,10 @@ class Constraint:
     def is_stopped(self) -> bool:
         """The grammar can take nothing more but the stop token (or has taken it)."""
         return bool(self._live().is_stopped())
+
+    def captures(self) -> list[tuple[str, bytes]]:
+        """Named captures of the grammar so far (Lark ``rule[capture]``), in order."""
+        return list(self._live().get_captures())
 
     def __repr__(self) -> str:
         bound = self.model.name if self.model is not None else "unbound"

@@ -1,9 +1,11 @@
 """Decode loop drivers. Every path samples through ``Sampler.next``.
 
-``generate`` is the plain loop: prefill (or reuse) a sequence's prompt, then
-one ``llama_decode`` of one token per step until a stop token or
-``max_tokens``. The lockstep batch and speculative drivers come later and
-keep the same shape.
+The plain loop is written once, as a step machine (:class:`Decoder`): each
+``step()`` evaluates the previous token and samples the next one under the
+model's lock, so a logits row never outlives the ``llama_decode`` that made
+it and steps of different conversations can interleave on one model. The
+sync driver (:func:`generate`) calls the steps directly; async drivers run
+each step in a worker thread.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Literal
 from .model import SAFE_PREFILL_CHUNK, Model, SeqChunk
 from .sampling import Sampler
 
-__all__ = ["FinishReason", "Generation", "generate"]
+__all__ = ["Decoder", "FinishReason", "Generation", "generate"]
 
 FinishReason = Literal["stop", "length", "constraint_complete", "dead_end", "tool_calls"]
 
@@ -41,6 +43,116 @@ class Generation:
     """Wall time until the first token was selected."""
     stop_token: int | None = field(default=None)
     """The stop token that ended it, if any."""
+    kv_tokens: list[int] = field(default_factory=list)
+    """The tokens now held in the sequence's KV cache, in order."""
+
+
+class Decoder:
+    """One reply's decode loop as steps: ``start()`` prefills and samples the first
+    token, each ``step()`` evaluates the last token and samples the next.
+
+    Both return the sampled token, or None once finished (stop token or
+    ``max_tokens``); ``finish(reason)`` ends it early (e.g. a stop string).
+    ``reuse`` leading prompt tokens are taken to be in the sequence's KV cache
+    already; everything after them is removed and re-evaluated.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        prompt: Sequence[int],
+        sampler: Sampler,
+        *,
+        max_tokens: int = 256,
+        stop_ids: Iterable[int] | None = None,
+        seq_id: int = 0,
+        reuse: int = 0,
+        prefill_chunk: int = SAFE_PREFILL_CHUNK,
+    ) -> None:
+        self.model = model
+        self.prompt = list(prompt)
+        self.sampler = sampler
+        self.max_tokens = max_tokens
+        self.stops = set(stop_ids) if stop_ids is not None else {model.eos_id, model.eot_id}
+        self.seq_id = seq_id
+        self.reuse = max(0, min(reuse, len(self.prompt) - 1))
+        self.prefill_chunk = prefill_chunk
+        self.tokens: list[int] = []
+        self.history = list(self.prompt)
+        self.finish_reason: FinishReason | None = None
+        self.stop_token: int | None = None
+        self._pending: int | None = None  # sampled, not yet evaluated
+        self._evaluated = 0  # reply tokens in the KV cache
+        self._t0 = 0.0
+        self._first = 0.0
+        self._end = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def start(self) -> int | None:
+        """Prefill the prompt suffix and sample the first token (holds the model lock)."""
+        self._t0 = time.perf_counter()
+        if self.max_tokens <= 0:
+            self.finish("length")
+            return None
+        with self.model.lock:
+            self.model.seq_rm(self.seq_id, self.reuse, -1)
+            row = self.model.prefill(self.seq_id, self.prompt[self.reuse :], self.reuse,
+                                     chunk=self.prefill_chunk)
+            tok = self._take(row)
+        self._first = time.perf_counter() - self._t0
+        return tok
+
+    def step(self) -> int | None:
+        """Evaluate the last sampled token and sample the next (holds the model lock)."""
+        if self.done or self._pending is None:
+            return None
+        with self.model.lock:
+            pos = len(self.prompt) + len(self.tokens) - 1
+            row = self.model.decode([SeqChunk(self.seq_id, pos, (self._pending,))])[0][0]
+            self._pending = None
+            self._evaluated += 1
+            return self._take(row)
+
+    def _take(self, row: object) -> int | None:
+        tok = self.sampler.next(row, self.history)  # type: ignore[arg-type]
+        if tok in self.stops:
+            self.stop_token = tok
+            self.finish("constraint_complete" if _constraint_done(self.sampler) else "stop")
+            return None
+        self.tokens.append(tok)
+        self.history.append(tok)
+        if len(self.tokens) >= self.max_tokens:
+            self.finish("length")
+        else:
+            self._pending = tok
+        return tok
+
+    def finish(self, reason: FinishReason) -> None:
+        """End the reply now (idempotent: the first reason wins)."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self._end = time.perf_counter()
+
+    def kv_tokens(self) -> list[int]:
+        """Tokens held in the KV sequence: the prompt and every evaluated reply token."""
+        return self.prompt + self.tokens[: self._evaluated]
+
+    def result(self) -> Generation:
+        end = self._end or time.perf_counter()
+        return Generation(
+            tokens=list(self.tokens),
+            text=self.model.detokenize(self.tokens),
+            finish_reason=self.finish_reason or "length",
+            prompt_tokens=len(self.prompt),
+            prompt_tokens_evaluated=len(self.prompt) - self.reuse,
+            seconds=end - self._t0,
+            first_token_seconds=self._first,
+            stop_token=self.stop_token,
+            kv_tokens=self.kv_tokens(),
+        )
 
 
 def generate(
@@ -54,50 +166,18 @@ def generate(
     reuse: int = 0,
     prefill_chunk: int = SAFE_PREFILL_CHUNK,
 ) -> Generation:
-    """Decode one reply for ``prompt`` in KV sequence ``seq_id``.
+    """Decode one reply for ``prompt`` in KV sequence ``seq_id`` (the sync driver).
 
-    ``reuse`` leading prompt tokens are assumed to be in the sequence's KV
-    cache already (the caller owns that bookkeeping); everything after them
-    is removed and re-evaluated. ``stop_ids`` default to the model's EOS and
-    end-of-turn ids. Raises ``AllTokensMasked``/``ConstraintError`` from the
-    sampler and ``DecodeError`` from llama.cpp.
+    ``stop_ids`` default to the model's EOS and end-of-turn ids. Raises
+    ``AllTokensMasked``/``ConstraintError`` from the sampler and
+    ``DecodeError`` from llama.cpp.
     """
-    stops = set(stop_ids) if stop_ids is not None else {model.eos_id, model.eot_id}
-    reuse = max(0, min(reuse, len(prompt) - 1))
-    t0 = time.perf_counter()
-    model.seq_rm(seq_id, reuse, -1)
-    suffix = prompt[reuse:]
-    row = model.prefill(seq_id, suffix, reuse, chunk=prefill_chunk)
-    history = list(prompt)
-    out: list[int] = []
-    finish: FinishReason = "length"
-    stop_token: int | None = None
-    first = 0.0
-    pos = len(prompt)
-    while len(out) < max_tokens:
-        tok = sampler.next(row, history)
-        if not out:
-            first = time.perf_counter() - t0
-        if tok in stops:
-            stop_token = tok
-            finish = "constraint_complete" if _constraint_done(sampler) else "stop"
-            break
-        out.append(tok)
-        history.append(tok)
-        if len(out) >= max_tokens:
-            break
-        row = model.decode([SeqChunk(seq_id, pos, (tok,))])[0][0]
-        pos += 1
-    return Generation(
-        tokens=out,
-        text=model.detokenize(out),
-        finish_reason=finish,
-        prompt_tokens=len(prompt),
-        prompt_tokens_evaluated=len(suffix),
-        seconds=time.perf_counter() - t0,
-        first_token_seconds=first,
-        stop_token=stop_token,
-    )
+    dec = Decoder(model, prompt, sampler, max_tokens=max_tokens, stop_ids=stop_ids,
+                  seq_id=seq_id, reuse=reuse, prefill_chunk=prefill_chunk)
+    dec.start()
+    while not dec.done:
+        dec.step()
+    return dec.result()
 
 
 def _constraint_done(sampler: Sampler) -> bool:

@@ -125,6 +125,7 @@ class Model:
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))  # llama.cpp may round n_ctx up
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
+        self.n_threads = os.cpu_count() or 1
         self.n_vocab: int = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.bos_id: int = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id: int = int(llama_cpp.llama_vocab_eos(self._vocab))
@@ -134,7 +135,14 @@ class Model:
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._pieces: list[bytes] | None = None
         self._cache: dict[Any, Any] = {}  # per-model caches (e.g. llguidance tokenizers)
+        self.lock = threading.RLock()
+        """Held for every llama.cpp call sequence that must not interleave (a decode
+        and the reading of its logits rows)."""
         self.stats = _Stats()
+        self._seq_owner: list[int | None] = [None] * n_seq_max
+        self._seq_busy = [False] * n_seq_max
+        self._seq_used = [0] * n_seq_max
+        self._clock = 0
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -193,7 +201,9 @@ class Model:
         if not ctx:
             llama_cpp.llama_model_free(model)
             raise ModelLoadError(str(resolved), _last_error("could not create a context"))
-        return cls(resolved, model, ctx, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)
+        made = cls(resolved, model, ctx, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)
+        made.n_threads = threads
+        return made
 
     def close(self) -> None:
         """Free the context, the batch and the weights. Idempotent."""
@@ -400,8 +410,47 @@ class Model:
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
     def clear(self) -> None:
-        """Drop every sequence from the KV cache."""
+        """Drop every sequence from the KV cache (and forget their owners)."""
         llama_cpp.llama_memory_clear(self._mem, True)
+        self._seq_owner = [None] * self.n_seq_max
+
+    # ------------------------------------------------------ sequence leases
+    def acquire_seq(self, owner: int, preferred: int | None = None) -> tuple[int, bool]:
+        """Lease a KV sequence to ``owner`` (e.g. a conversation's id) for one turn.
+
+        Returns ``(seq_id, kept)``: ``kept`` is True when ``preferred`` still
+        holds this owner's cached tokens. Otherwise an unowned sequence, else
+        the least recently used idle one, is cleared and handed over. Raises
+        ``InvalidParameter`` when every sequence is busy.
+        """
+        with self.lock:
+            self._clock += 1
+            if (preferred is not None and 0 <= preferred < self.n_seq_max
+                    and self._seq_owner[preferred] == owner and not self._seq_busy[preferred]):
+                self._seq_busy[preferred] = True
+                self._seq_used[preferred] = self._clock
+                return preferred, True
+            idle = [s for s in range(self.n_seq_max) if not self._seq_busy[s]]
+            if not idle:
+                raise InvalidParameter("n_seq_max", f"all {self.n_seq_max} KV sequences are busy")
+            seq = min(idle, key=lambda s: (self._seq_owner[s] is not None, self._seq_used[s]))
+            self.seq_rm(seq, 0, -1)
+            self._seq_owner[seq] = owner
+            self._seq_busy[seq] = True
+            self._seq_used[seq] = self._clock
+            return seq, False
+
+    def release_seq(self, seq_id: int) -> None:
+        """End a lease; the sequence keeps its tokens for the owner's next turn."""
+        with self.lock:
+            self._seq_busy[seq_id] = False
+
+    def release_seq_owner(self, owner: int) -> None:
+        """Forget an owner (it is gone): its sequences become free to reuse."""
+        with self.lock:
+            for s in range(self.n_seq_max):
+                if self._seq_owner[s] == owner and not self._seq_busy[s]:
+                    self._seq_owner[s] = None
 
 
 class IncrementalDetokenizer:
