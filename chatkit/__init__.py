@@ -4,6 +4,7 @@ The public names live here; each concept has its own module.
 """
 
 from .constraints import Constraint
+from .conversation import Conversation, ReplyStream
 from .decoding import FinishReason, Generation, generate
 from .errors import (
     AllTokensMasked,
@@ -24,17 +25,21 @@ from .errors import (
     Truncated,
     UserError,
 )
+from .messages import Message, Reply, ToolCall, Usage
 from .model import Model, SeqChunk
 from .sampling import DraftAwareProcessor, LogitProcessor, Sampler, SamplingParams
 from .schema import SchemaReader
+from .templates import ChatTemplate, Segment
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllTokensMasked",
+    "ChatTemplate",
     "ChatkitError",
     "Constraint",
     "ConstraintError",
+    "Conversation",
     "DecodeError",
     "DraftAwareProcessor",
     "FinishReason",
@@ -43,20 +48,26 @@ __all__ = [
     "GrammarInvalid",
     "InvalidParameter",
     "LogitProcessor",
+    "Message",
     "Model",
     "ModelError",
     "ModelLoadError",
     "ModelNotFound",
+    "Reply",
+    "ReplyStream",
     "Sampler",
     "SamplingParams",
     "SchemaInvalid",
     "SchemaReader",
     "SchemaUnsupported",
     "SchemaViolation",
+    "Segment",
     "SeqChunk",
     "SharedProcessorError",
     "TemplateError",
+    "ToolCall",
     "Truncated",
+    "Usage",
     "UserError",
     "__version__",
     "generate",

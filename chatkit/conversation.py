@@ -147,6 +147,10 @@ class Conversation:
             raise InvalidParameter("tools", "tool calling is not available yet")
         return _Turn(self, text, **{k: v for k, v in options.items() if k != "tools"})
 
+    def prompt_ids(self, text: str, **options: Any) -> list[int]:
+        """The token ids ``send(text, **options)`` would evaluate (nothing is sent)."""
+        return list(self._turn(text, options).plan.prompt)
+
     def history(self) -> list[Message]:
         """The messages sent to the template: system first, then the turns."""
         head = [Message("system", self.system)] if self.system else []

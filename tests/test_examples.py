@@ -7,11 +7,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+
+
+def run(name: str) -> str:
+    return subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True,
+                          text=True, timeout=300, check=True, cwd=ROOT).stdout
+
+
+def test_every_example_is_covered() -> None:
+    assert EXAMPLES == ["demo.py", "extraction.py", "multi_turn.py", "verdict_lane.py"]
 
 
 def test_demo_prints_a_schema_valid_reply() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py")], capture_output=True,
-                         text=True, timeout=120, check=True, cwd=ROOT).stdout
+    out = run("demo.py")
     text = next(line for line in out.splitlines() if line.startswith("text:"))[len("text:"):]
     sys.path.insert(0, str(ROOT / "examples"))
     try:
@@ -20,3 +29,25 @@ def test_demo_prints_a_schema_valid_reply() -> None:
         sys.path.pop(0)
     Planet.model_validate_json(text.strip())
     assert "finish: constraint_complete" in out
+
+
+def test_extraction() -> None:
+    import json
+
+    data = json.loads(run("extraction.py"))
+    assert set(data) == {"name", "age", "city", "email"}
+
+
+def test_multi_turn_reuses_the_cache() -> None:
+    out = run("multi_turn.py")
+    reused = [int(line.split(",")[1].split()[0]) for line in out.splitlines()
+              if "reused from cache" in line]
+    assert reused[0] == 0 and reused[1] > 0
+    assert "summary: topic=" in out
+
+
+def test_verdict_lane() -> None:
+    lines = [x for x in run("verdict_lane.py").splitlines() if x.startswith("lane ")]
+    assert len(lines) == 3
+    for line in lines:  # a verdict, or a named error: never an empty success
+        assert any(word in line for word in ("approve", "reject", "abstain", "Truncated"))

@@ -5,7 +5,9 @@ import chatkit
 
 def test_public_names_are_pinned() -> None:
     assert sorted(chatkit.__all__) == sorted([
-        "AllTokensMasked", "ChatkitError", "Constraint", "ConstraintError", "DecodeError",
+        "AllTokensMasked", "ChatTemplate", "ChatkitError", "Constraint", "ConstraintError",
+        "Conversation", "DecodeError", "Message", "Reply", "ReplyStream", "Segment", "ToolCall",
+        "Usage",
         "DraftAwareProcessor", "FinishReason", "Generation", "GenerationError", "GrammarInvalid",
         "InvalidParameter", "LogitProcessor", "Model", "ModelError", "ModelLoadError",
         "ModelNotFound", "Sampler", "SamplingParams", "SchemaInvalid", "SchemaReader",

@@ -135,6 +135,8 @@ class ChatTemplate:
         contents: list[str] = []
 
         def slot(text: str) -> str:
+            if not text:  # nothing to protect; keeps `if message.content` tests truthful
+                return ""
             contents.append(text)
             return f"\ue000{len(contents) - 1}\ue001"
 
