@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from pydantic import BaseModel
 
@@ -35,6 +36,27 @@ NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
 _COMPACT: dict[str, Any] = {
     "whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "lenient": False,
 }
+
+
+# One capacity limiter per model and event loop: async steps on one model run one at a time.
+_LIMITERS: anyio.lowlevel.RunVar[dict[int, anyio.CapacityLimiter]] = anyio.lowlevel.RunVar(
+    "chatkit_limiters")
+
+
+def _limiter(model: Model) -> anyio.CapacityLimiter:
+    try:
+        table = _LIMITERS.get()
+    except LookupError:
+        table = {}
+        _LIMITERS.set(table)
+    if id(model) not in table:
+        table[id(model)] = anyio.CapacityLimiter(1)
+    return table[id(model)]
+
+
+async def _run(model: Model, fn: Any, *args: Any) -> Any:
+    """Run a blocking step in a worker thread under the model's limiter."""
+    return await anyio.to_thread.run_sync(fn, *args, limiter=_limiter(model))
 
 
 class Conversation:
@@ -106,12 +128,13 @@ class Conversation:
 
     # -------------------------------------------------------------- async API
     async def asend(self, text: str, **options: Any) -> Reply:
-        """``send`` for async code: every llama.cpp step runs in a worker thread."""
-        turn = await anyio.to_thread.run_sync(self._turn, text, options)
+        """``send`` for async code: every llama.cpp step runs in a worker thread, one at a
+        time per model (an anyio ``CapacityLimiter(1)``), so other tasks keep running."""
+        turn: _Turn = await _run(self.model, self._turn, text, options)
         try:
-            await anyio.to_thread.run_sync(turn.start)
+            await _run(self.model, turn.start)
             while not turn.done:
-                await anyio.to_thread.run_sync(turn.step)
+                await _run(self.model, turn.step)
             turn.flush()
             return turn.complete()
         finally:
@@ -120,13 +143,13 @@ class Conversation:
     async def astream(self, text: str, **options: Any) -> AsyncIterator[str]:
         """Async text deltas. Cancelling (or leaving the loop) abandons the turn:
         the conversation's messages are unchanged."""
-        turn = await anyio.to_thread.run_sync(self._turn, text, options)
+        turn: _Turn = await _run(self.model, self._turn, text, options)
         try:
-            delta = await anyio.to_thread.run_sync(turn.start)
+            delta = await _run(self.model, turn.start)
             if delta:
                 yield delta
             while not turn.done:
-                delta = await anyio.to_thread.run_sync(turn.step)
+                delta = await _run(self.model, turn.step)
                 if delta:
                     yield delta
             tail = turn.flush()

@@ -221,3 +221,20 @@ def test_recorder_commits_once_per_token_in_a_conversation(smol: Model) -> None:
     assert len(rec.commits) >= 1 and rec.commits[-1] == smol.eot_id
     assert smol.detokenize(rec.commits[:-1]) == reply.text
     assert len(ids) >= 1
+
+
+def test_schema_in_prompt_is_opt_in(smol: Model) -> None:
+    conv = Conversation(smol)
+    plain = smol.detokenize(conv.prompt_ids("Judge: x.", schema=Verdict))
+    shown = smol.detokenize(conv.prompt_ids("Judge: x.", schema=Verdict, schema_in_prompt=True))
+    assert '"decision"' not in plain and '"decision"' in shown
+    with pytest.raises(InvalidParameter):
+        conv.prompt_ids("x", schema_in_prompt=True)
+
+
+def test_gemma_conversation_with_bundled_template(gemma: Model) -> None:
+    conv = Conversation(gemma)
+    assert conv.template.name == "gemma"
+    reply = conv.send("Judge: the sea is salty.", schema=Verdict, max_tokens=80)
+    assert isinstance(reply.parsed, Verdict)
+    assert reply.finish_reason == "constraint_complete"
