@@ -3,9 +3,8 @@
 The public names live here; each concept has its own module.
 """
 
-from .constraints import Constraint
-from .conversation import Conversation, ReplyStream
-from .decoding import FinishReason, Generation, generate
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     AllTokensMasked,
     ChatkitError,
@@ -25,11 +24,51 @@ from .errors import (
     Truncated,
     UserError,
 )
-from .messages import Message, Reply, ToolCall, Usage
-from .model import Model, SeqChunk
-from .sampling import DraftAwareProcessor, LogitProcessor, Sampler, SamplingParams
-from .schema import SchemaReader
-from .templates import ChatTemplate, Segment
+
+if TYPE_CHECKING:
+    from .constraints import Constraint
+    from .conversation import Conversation, ReplyStream
+    from .decoding import FinishReason, Generation, generate
+    from .messages import Message, Reply, ToolCall, Usage
+    from .model import Model, SeqChunk
+    from .sampling import DraftAwareProcessor, LogitProcessor, Sampler, SamplingParams
+    from .schema import SchemaReader
+    from .templates import ChatTemplate, Segment
+
+# Imported on first use, so `chatkit run` can refuse a bad schema before llama.cpp loads.
+_LAZY = {
+    "Constraint": "constraints",
+    "Conversation": "conversation",
+    "ReplyStream": "conversation",
+    "FinishReason": "decoding",
+    "Generation": "decoding",
+    "generate": "decoding",
+    "Message": "messages",
+    "Reply": "messages",
+    "ToolCall": "messages",
+    "Usage": "messages",
+    "Model": "model",
+    "SeqChunk": "model",
+    "DraftAwareProcessor": "sampling",
+    "LogitProcessor": "sampling",
+    "Sampler": "sampling",
+    "SamplingParams": "sampling",
+    "SchemaReader": "schema",
+    "ChatTemplate": "templates",
+    "Segment": "templates",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chatkit' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

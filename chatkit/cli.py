@@ -1,15 +1,155 @@
-"""The ``chatkit`` command. ``chatkit info`` describes a model; ``run`` lands with the CLI issue.
+"""The ``chatkit`` command: the subprocess interface for verdict lanes.
 
-Every refusal is one line on stderr, ``chatkit: <ErrorName>: <details>``,
-and the error's own exit code (``ChatkitError.exit_code``); usage errors exit 2.
+    chatkit run --prompt TEXT|@FILE|- [--json-schema JSON|@FILE | --lark G|@FILE | --regex P]
+                [--model PATH] [--system TEXT|@FILE] [--no-think] [--max-tokens N]
+                [--temperature T] [--top-p P] [--seed N] [--stop STR ...] [--json] [--debug]
+    chatkit info [--model PATH]
+
+Every answer parses, or the command fails by name: one line on stderr,
+``chatkit: <ErrorName>: <details>``, and the error's own exit code
+(``ChatkitError.exit_code``; usage errors exit 2). Constraint refusals happen
+before the model is loaded. Nothing but the answer goes to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
-from .errors import ChatkitError
+from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid
+
+USAGE_EXIT = 2
+# Tests only: run with the grammar mask disabled, to prove the corpus checks can fail.
+DISABLE_MASK_ENV = "CHATKIT_TEST_DISABLE_MASK"
+
+
+class UsageError(ChatkitError):
+    """Bad command-line usage (unknown flag, two constraints, missing value)."""
+
+    exit_code = USAGE_EXIT
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _read_arg(value: str, *, what: str, error: type[Exception]) -> str:
+    """``@path`` reads a file, ``-`` reads stdin (for the prompt), anything else is inline."""
+    if value.startswith("@"):
+        path = Path(value[1:])
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise _make(error, what, f"cannot read {path}: {exc.strerror or exc}") from exc
+    return value
+
+
+def _make(error: type[Exception], what: str, message: str) -> Exception:
+    if error is GrammarInvalid:
+        return GrammarInvalid(what, message)
+    if error is SchemaInvalid:
+        return SchemaInvalid(message)
+    return UsageError(f"{what}: {message}")
+
+
+def _looks_like_path(value: str) -> bool:
+    v = value.strip()
+    if not v or "\n" in v or v.startswith(("{", "[")):
+        return False
+    return Path(v).is_file() or v.endswith((".json", ".lark", ".txt", ".regex"))
+
+
+def _constraint(args: argparse.Namespace) -> Any:
+    """Build (and so check) the constraint before anything touches the model."""
+    from .constraints import Constraint
+
+    if args.json_schema is not None:
+        raw = _read_arg(args.json_schema, what="--json-schema", error=SchemaInvalid)
+        if not args.json_schema.startswith("@") and _looks_like_path(raw):
+            try:
+                json.loads(raw)
+            except ValueError:
+                raise SchemaInvalid(f"{raw!r} is not JSON; did you mean @{raw}?") from None
+        return Constraint.json_schema(raw)
+    for flag, value, build in (("lark", args.lark, Constraint.lark),
+                               ("regex", args.regex, Constraint.regex)):
+        if value is None:
+            continue
+        raw = _read_arg(value, what=flag, error=GrammarInvalid)
+        if not value.startswith("@") and Path(raw.strip()).is_file():
+            raise GrammarInvalid(flag, f"{raw!r} is a file; did you mean @{raw}?")
+        return build(raw)
+    return None
+
+
+def _unmasked(c: Any) -> Any:
+    """The test-only no-op variant of a constraint (mask and matcher disabled)."""
+    from .constraints import Constraint
+
+    class Unmasked(Constraint):
+        def process(self, logits: Any, history: Any) -> None:
+            pass
+
+        def commit(self, token: int) -> None:
+            pass
+
+        def is_accepting(self) -> bool:
+            return True
+
+        def is_stopped(self) -> bool:
+            return True
+
+    return Unmasked(c.kind, c.grammar, source=c.source, reader=c.reader)
+
+
+def _run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    prompt = _read_arg(args.prompt, what="--prompt", error=UsageError)
+    if args.prompt == "-":
+        prompt = sys.stdin.read()
+    system = _read_arg(args.system, what="--system", error=UsageError) if args.system else None
+    constraint = _constraint(args)
+    if constraint is not None and args.stop:
+        raise UsageError("--stop ends free text; a constraint ends itself")
+    if constraint is not None and os.environ.get(DISABLE_MASK_ENV) == "1":
+        constraint = _unmasked(constraint)
+
+    from .conversation import Conversation
+    from .model import Model
+    from .sampling import SamplingParams
+
+    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=1)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
+                        stop=args.stop or (), max_tokens=args.max_tokens)
+    if constraint is None:
+        reply = conv.send(prompt)
+    elif constraint.kind == "json_schema":
+        reply = conv.send(prompt, schema=constraint)
+    else:
+        reply = conv.send(prompt, constraint=constraint)
+    if args.json:
+        parsed = reply.parsed.model_dump() if hasattr(reply.parsed, "model_dump") else reply.parsed
+        out = {
+            "text": reply.text,
+            "parsed": parsed,
+            "finish_reason": reply.finish_reason,
+            "prompt_tokens": reply.usage.prompt_tokens,
+            "completion_tokens": reply.usage.completion_tokens,
+            "model": model.name,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(reply.text + "\n")
+    return 0
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -23,21 +163,63 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="chatkit", description=__doc__)
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="chatkit", description="Chat with local GGUF models, structure "
+                     "guaranteed by construction.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="one constrained reply (the verdict-lane interface)")
+    run.add_argument("--prompt", required=True, help="TEXT, @FILE, or - for stdin")
+    run.add_argument("--system", help="TEXT or @FILE")
+    run.add_argument("--model", help="GGUF path (default: the embedded SmolLM2)")
+    group = run.add_mutually_exclusive_group()
+    group.add_argument("--json-schema", help="JSON Schema, inline or @FILE")
+    group.add_argument("--lark", help="Lark grammar (llguidance dialect), inline or @FILE")
+    group.add_argument("--regex", help="regular expression the whole reply must match")
+    run.add_argument("--no-think", action="store_true", help="prefill an empty think block")
+    run.add_argument("--max-tokens", type=_positive_int, default=256)
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--stop", action="append", help="stop string for free text (repeatable)")
+    run.add_argument("--n-ctx", type=_positive_int, default=4096, help=argparse.SUPPRESS)
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.add_argument("--debug", action="store_true", help="show tracebacks")
+    run.set_defaults(func=_run)
     info = sub.add_parser("info", help="describe a GGUF model")
     info.add_argument("--model", default=None, help="GGUF path (default: embedded SmolLM2)")
+    info.add_argument("--debug", action="store_true", help="show tracebacks")
     info.set_defaults(func=_info)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_list
     try:
+        args = build_parser().parse_args(args_list)
         return int(args.func(args))
     except ChatkitError as exc:
-        if args.debug:
+        if debug:
             raise
-        print(f"chatkit: {type(exc).__name__}: {exc}", file=sys.stderr)
+        detail = " ".join(str(exc).split())  # one line
+        print(f"chatkit: {type(exc).__name__}: {detail}", file=sys.stderr)
         return exc.exit_code
+    except ValueError as exc:  # a foreign refusal that slipped through: still one named line
+        if debug:
+            raise
+        print(f"chatkit: {InvalidParameter.__name__}: {exc}", file=sys.stderr)
+        return InvalidParameter.exit_code
 
 
 if __name__ == "__main__":
