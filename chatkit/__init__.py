@@ -26,17 +26,23 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .batch import asend_batch, send_batch
     from .constraints import Constraint
     from .conversation import Conversation, ReplyStream
     from .decoding import FinishReason, Generation, generate
     from .messages import Message, Reply, ToolCall, Usage
     from .model import Model, SeqChunk
+    from .quorum import QuorumResult, quorum
     from .sampling import DraftAwareProcessor, LogitProcessor, Sampler, SamplingParams
     from .schema import SchemaReader
     from .templates import ChatTemplate, Segment
 
 # Imported on first use, so `chatkit run` can refuse a bad schema before llama.cpp loads.
 _LAZY = {
+    "send_batch": "batch",
+    "asend_batch": "batch",
+    "quorum": "quorum",
+    "QuorumResult": "quorum",
     "Constraint": "constraints",
     "Conversation": "conversation",
     "ReplyStream": "conversation",
@@ -92,6 +98,7 @@ __all__ = [
     "ModelError",
     "ModelLoadError",
     "ModelNotFound",
+    "QuorumResult",
     "Reply",
     "ReplyStream",
     "Sampler",
@@ -109,5 +116,8 @@ __all__ = [
     "Usage",
     "UserError",
     "__version__",
+    "asend_batch",
     "generate",
+    "quorum",
+    "send_batch",
 ]

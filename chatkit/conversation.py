@@ -299,8 +299,8 @@ class _Turn:
     def done(self) -> bool:
         return self.decoder is not None and self.decoder.done
 
-    def start(self) -> str:
-        """Lease the KV sequence, reset the processor, prefill, sample the first token."""
+    def open(self) -> Decoder:
+        """Lease the KV sequence and reset the processor; nothing is evaluated yet."""
         conv, model = self.conv, self.conv.model
         self.sampler.processor = self.plan.processor
         self.sampler.reset()  # per-turn reset: one constraint governs each reply afresh
@@ -310,11 +310,25 @@ class _Turn:
         self.decoder = Decoder(model, self.plan.prompt, self.sampler,
                                max_tokens=self.max_tokens, stop_ids=self.plan.stop_ids,
                                seq_id=self.seq, reuse=reuse)
-        return self._emit(self.decoder.start())
+        return self.decoder
+
+    def start(self) -> str:
+        """Open, prefill, and sample the first token."""
+        return self._emit(self.open().start())
 
     def step(self) -> str:
         assert self.decoder is not None
         return self._emit(self.decoder.step())
+
+    def first(self, row: Any) -> str:
+        """Batch drivers: the prompt was prefilled externally; sample the first token."""
+        assert self.decoder is not None
+        return self._emit(self.decoder.first(row))
+
+    def advance(self, row: Any) -> str:
+        """Batch drivers: the pending token was evaluated externally; sample the next."""
+        assert self.decoder is not None
+        return self._emit(self.decoder.advance(row))
 
     def _emit(self, tok: int | None) -> str:
         if tok is None:

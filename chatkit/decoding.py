@@ -15,8 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .errors import InvalidParameter
 from .model import SAFE_PREFILL_CHUNK, Model, SeqChunk
-from .sampling import Sampler
+from .sampling import Logits, Sampler
 
 __all__ = ["Decoder", "FinishReason", "Generation", "generate"]
 
@@ -69,6 +70,10 @@ class Decoder:
         reuse: int = 0,
         prefill_chunk: int = SAFE_PREFILL_CHUNK,
     ) -> None:
+        if max_tokens < 1:
+            raise InvalidParameter("max_tokens", f"must be >= 1, got {max_tokens}")
+        if not prompt:
+            raise InvalidParameter("prompt", "empty prompt")
         self.model = model
         self.prompt = list(prompt)
         self.sampler = sampler
@@ -91,33 +96,49 @@ class Decoder:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def start(self) -> int | None:
-        """Prefill the prompt suffix and sample the first token (holds the model lock)."""
+    def begin(self) -> None:
+        """Drop whatever the sequence holds past ``reuse`` (drivers prefill afterwards)."""
         self._t0 = time.perf_counter()
-        if self.max_tokens <= 0:
-            self.finish("length")
-            return None
         with self.model.lock:
             self.model.seq_rm(self.seq_id, self.reuse, -1)
-            row = self.model.prefill(self.seq_id, self.prompt[self.reuse :], self.reuse,
-                                     chunk=self.prefill_chunk)
-            tok = self._take(row)
+
+    def first(self, row: Logits) -> int | None:
+        """Sample the first token from the prompt's last logits row."""
+        tok = self._take(row)
         self._first = time.perf_counter() - self._t0
         return tok
 
-    def step(self) -> int | None:
-        """Evaluate the last sampled token and sample the next (holds the model lock)."""
+    def chunk(self) -> SeqChunk | None:
+        """The evaluation the next step needs: the last sampled token (None when done)."""
         if self.done or self._pending is None:
             return None
-        with self.model.lock:
-            pos = len(self.prompt) + len(self.tokens) - 1
-            row = self.model.decode([SeqChunk(self.seq_id, pos, (self._pending,))])[0][0]
-            self._pending = None
-            self._evaluated += 1
-            return self._take(row)
+        pos = len(self.prompt) + len(self.tokens) - 1
+        return SeqChunk(self.seq_id, pos, (self._pending,))
 
-    def _take(self, row: object) -> int | None:
-        tok = self.sampler.next(row, self.history)  # type: ignore[arg-type]
+    def advance(self, row: Logits) -> int | None:
+        """After ``chunk()`` was evaluated: sample the next token from its row."""
+        self._pending = None
+        self._evaluated += 1
+        return self._take(row)
+
+    def start(self) -> int | None:
+        """Prefill the prompt suffix and sample the first token (holds the model lock)."""
+        self.begin()
+        with self.model.lock:
+            row = self.model.prefill(self.seq_id, self.prompt[self.reuse :], self.reuse,
+                                     chunk=self.prefill_chunk)
+            return self.first(row)
+
+    def step(self) -> int | None:
+        """Evaluate the last sampled token and sample the next (holds the model lock)."""
+        chunk = self.chunk()
+        if chunk is None:
+            return None
+        with self.model.lock:
+            return self.advance(self.model.decode([chunk])[0][0])
+
+    def _take(self, row: Logits) -> int | None:
+        tok = self.sampler.next(row, self.history)
         if tok in self.stops:
             self.stop_token = tok
             self.finish("constraint_complete" if _constraint_done(self.sampler) else "stop")

@@ -440,6 +440,11 @@ class Model:
             self._seq_used[seq] = self._clock
             return seq, False
 
+    def free_seqs(self) -> int:
+        """How many KV sequences are not leased right now."""
+        with self.lock:
+            return self._seq_busy.count(False)
+
     def release_seq(self, seq_id: int) -> None:
         """End a lease; the sequence keeps its tokens for the owner's next turn."""
         with self.lock:

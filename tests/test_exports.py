@@ -12,7 +12,8 @@ def test_public_names_are_pinned() -> None:
         "InvalidParameter", "LogitProcessor", "Model", "ModelError", "ModelLoadError",
         "ModelNotFound", "Sampler", "SamplingParams", "SchemaInvalid", "SchemaReader",
         "SchemaUnsupported", "SchemaViolation", "SeqChunk", "SharedProcessorError",
-        "TemplateError", "Truncated", "UserError", "__version__", "generate",
+        "TemplateError", "Truncated", "UserError", "__version__", "generate", "send_batch",
+        "asend_batch", "quorum", "QuorumResult",
     ])
     for name in chatkit.__all__:
         assert hasattr(chatkit, name), name

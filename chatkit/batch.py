@@ -1,0 +1,249 @@
+"""Lockstep batched sends: many conversations, one forward pass per step.
+
+Every live conversation owns a KV sequence of the shared model; each decode
+step is ONE ``llama_decode`` carrying one token per live sequence, and each
+stream samples with its own Sampler and processor. Items beyond the model's
+``n_seq_max`` wait and start as sequences free up (continuous batching).
+Prompts sharing a prefix (quorum lanes) evaluate it once: it is copied to the
+other sequences with ``llama_memory_seq_cp``. Prefill decodes carry at most
+``SAFE_PREFILL_CHUNK`` tokens, the regime where logits are bitwise equal to
+one-at-a-time evaluation, so a batched reply equals the reply sent alone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import anyio.to_thread
+
+from .constraints import Constraint
+from .conversation import Conversation, _common_prefix, _Turn
+from .errors import ChatkitError, InvalidParameter, SharedProcessorError
+from .messages import Reply
+from .model import SAFE_PREFILL_CHUNK, Model, SeqChunk
+
+__all__ = ["BatchItem", "asend_batch", "send_batch"]
+
+BatchItem = tuple[Conversation, str] | tuple[Conversation, str, dict[str, Any]]
+
+# A shared prompt prefix shorter than this is evaluated per sequence (copying costs more).
+MIN_SHARED_PREFIX = 8
+
+
+def send_batch(
+    items: Sequence[BatchItem],
+    *,
+    return_exceptions: bool = False,
+    **options: Any,
+) -> list[Any]:
+    """Send one message in each of several conversations, in lockstep.
+
+    ``items`` are ``(conversation, message)`` or ``(conversation, message,
+    options)``; keyword ``options`` (``schema``, ``constraint``, ``max_tokens``,
+    ``sampling``, ...) apply to every item unless the item overrides them. A
+    schema or Constraint given here is compiled once and cloned per stream.
+    Two items sharing a processor object (the same Constraint instance, or
+    one conversation twice) are ``SharedProcessorError`` before any decode.
+
+    Returns the replies in item order. A failing item (``Truncated``, ...)
+    does not stop the others: with ``return_exceptions`` its slot holds the
+    error, otherwise the first error is raised once every item has finished.
+    """
+    if not items:
+        return []
+    turns = _prepare(items, options)
+    results: list[Reply | ChatkitError | None] = [None] * len(turns)
+    _Lockstep(turns, results).run()
+    if not return_exceptions:
+        for r in results:
+            if isinstance(r, ChatkitError):
+                raise r
+    return results
+
+
+async def asend_batch(items: Sequence[BatchItem], *, return_exceptions: bool = False,
+                      **options: Any) -> list[Any]:
+    """``send_batch`` for async code: the whole batch runs in a worker thread."""
+    from .conversation import _limiter
+
+    model = items[0][0].model if items else None
+
+    def run() -> list[Any]:
+        return send_batch(items, return_exceptions=return_exceptions, **options)
+
+    if model is None:
+        return []
+    return await anyio.to_thread.run_sync(run, limiter=_limiter(model))
+
+
+def _prepare(items: Sequence[BatchItem], options: dict[str, Any]) -> list[_Turn]:
+    model: Model = items[0][0].model
+    seen_convs: set[int] = set()
+    seen_procs: dict[int, int] = {}
+    per_item: list[tuple[Conversation, str, dict[str, Any]]] = []
+    for index, item in enumerate(items):
+        conv, text = item[0], item[1]
+        own = dict(item[2]) if len(item) == 3 else {}
+        if not isinstance(conv, Conversation):
+            raise InvalidParameter("items", f"item {index} is not (Conversation, str[, dict])")
+        if conv.model is not model:
+            raise InvalidParameter("items", "every conversation of a batch must share one Model")
+        if id(conv) in seen_convs:
+            raise SharedProcessorError(f"item {index}: one conversation twice in a batch "
+                                       "(its sampler and processor would be shared)")
+        seen_convs.add(id(conv))
+        merged = {**options, **own}
+        for key in ("schema", "constraint"):
+            value = merged.get(key)
+            if value is None or not hasattr(value, "process"):
+                continue
+            if key not in own:  # given once for the batch: one clone per stream
+                if not isinstance(value, Constraint):
+                    if len(items) > 1:
+                        raise SharedProcessorError(
+                            f"{key}= {type(value).__name__} has no clone(); pass one per item")
+                else:
+                    merged[key] = value.clone()
+            proc = merged[key]
+            if id(proc) in seen_procs:
+                raise SharedProcessorError(
+                    f"items {seen_procs[id(proc)]} and {index} share one {key} object; "
+                    "give each stream its own (Constraint.clone())")
+            seen_procs[id(proc)] = index
+        per_item.append((conv, text, merged))
+    # Every refusal happens here, before any decode.
+    return [conv._turn(text, opts) for conv, text, opts in per_item]
+
+
+class _Lockstep:
+    """The scheduler: admit, prefill (shared prefixes once), then one decode per step."""
+
+    def __init__(self, turns: list[_Turn], results: list[Reply | ChatkitError | None]) -> None:
+        self.turns = turns
+        self.results = results
+        self.model = turns[0].conv.model
+        self.waiting = deque(range(len(turns)))
+        self.live: list[int] = []
+
+    def run(self) -> None:
+        try:
+            while self.waiting or self.live:
+                admitted = []
+                while self.waiting and self.model.free_seqs() > 0:
+                    i = self.waiting.popleft()
+                    try:
+                        self.turns[i].open()
+                        admitted.append(i)
+                    except ChatkitError as exc:
+                        self.results[i] = exc
+                if admitted:
+                    self._prefill(admitted)
+                    self.live += [i for i in admitted if self.results[i] is None]
+                self._finish_done()
+                self._step()
+                self._finish_done()
+        finally:
+            for t in self.turns:
+                t.release()
+
+    def _fail(self, i: int, exc: ChatkitError) -> None:
+        self.results[i] = exc
+        self.turns[i].release()
+        if i in self.live:
+            self.live.remove(i)
+
+    def _finish_done(self) -> None:
+        for i in list(self.live):
+            turn = self.turns[i]
+            if turn.done:
+                self.live.remove(i)
+                try:
+                    turn.flush()
+                    self.results[i] = turn.complete()
+                except ChatkitError as exc:
+                    self.results[i] = exc
+                finally:
+                    turn.release()
+
+    def _step(self) -> None:
+        chunks: list[tuple[int, SeqChunk]] = []
+        for i in self.live:
+            dec = self.turns[i].decoder
+            chunk = dec.chunk() if dec is not None else None
+            if chunk is not None:
+                chunks.append((i, chunk))
+        if not chunks:
+            return
+        with self.model.lock:
+            rows = self.model.decode([c for _, c in chunks])
+            for (i, _), row in zip(chunks, rows, strict=True):
+                try:
+                    self.turns[i].advance(row[0])
+                except ChatkitError as exc:
+                    self._fail(i, exc)
+
+    def _prefill(self, admitted: list[int]) -> None:
+        """Evaluate the admitted prompts; a prefix shared with the first is evaluated once."""
+        model = self.model
+        decs = {i: self.turns[i].decoder for i in admitted}
+        for d in decs.values():
+            assert d is not None
+            d.begin()
+        lead = admitted[0]
+        lead_dec = decs[lead]
+        assert lead_dec is not None
+        start = {i: decs[i].reuse for i in admitted}  # type: ignore[union-attr]
+        followers: list[int] = []
+        shared = 0
+        for i in admitted[1:]:
+            d = decs[i]
+            assert d is not None
+            lcp = min(_common_prefix(lead_dec.prompt, d.prompt),
+                      len(lead_dec.prompt) - 1, len(d.prompt) - 1)
+            if lcp >= MIN_SHARED_PREFIX and lcp > d.reuse and lcp > lead_dec.reuse:
+                followers.append(i)
+                shared = lcp if not shared else min(shared, lcp)
+        if followers:
+            self._run_parts([(lead, lead_dec.reuse, shared, False)])
+            for i in followers:
+                d = decs[i]
+                assert d is not None
+                model.seq_cp(lead_dec.seq_id, d.seq_id, 0, shared)
+                d.reuse = shared
+                start[i] = shared
+            start[lead] = shared
+        self._run_parts([(i, start[i], len(decs[i].prompt), True)  # type: ignore[union-attr]
+                         for i in admitted])
+
+    def _run_parts(self, parts: list[tuple[int, int, int, bool]]) -> None:
+        """Evaluate prompt ranges, packed into decodes of <= SAFE_PREFILL_CHUNK tokens; a
+        range marked final hands its last row to its turn's first sample."""
+        queue = deque(parts)
+        while queue:
+            chunks: list[SeqChunk] = []
+            finals: list[int | None] = []
+            budget = SAFE_PREFILL_CHUNK
+            while queue and budget > 0:
+                i, lo, hi, final = queue.popleft()
+                dec = self.turns[i].decoder
+                assert dec is not None
+                take = min(budget, hi - lo)
+                last = lo + take == hi
+                wanted = final and last
+                chunks.append(SeqChunk(dec.seq_id, lo, dec.prompt[lo : lo + take],
+                                       "last" if wanted else "none"))
+                finals.append(i if wanted else None)
+                budget -= take
+                if not last:
+                    queue.appendleft((i, lo + take, hi, final))
+            with self.model.lock:
+                rows = self.model.decode(chunks)
+                for target, row in zip(finals, rows, strict=True):
+                    if target is None:
+                        continue
+                    try:
+                        self.turns[target].first(row[0])
+                    except ChatkitError as exc:
+                        self._fail(target, exc)
