@@ -111,7 +111,9 @@ def test_a_failing_lane_does_not_fail_the_others(smol: Model) -> None:
 
 
 def test_asend_batch_equals_send_batch(smol: Model) -> None:
-    items = lambda: [(c, f"Judge: {x}.") for c, x in zip(convs(smol, 2), CLAIMS[:2])]  # noqa: E731
+    def items() -> list[Any]:
+        return [(c, f"Judge: {x}.") for c, x in zip(convs(smol, 2), CLAIMS[:2], strict=True)]
+
     sync = [r.text for r in send_batch(items(), schema=Verdict, max_tokens=60)]
 
     async def main() -> list[str]:
