@@ -16,7 +16,8 @@ def run(name: str) -> str:
 
 
 def test_every_example_is_covered() -> None:
-    assert EXAMPLES == ["demo.py", "extraction.py", "multi_turn.py", "verdict_lane.py"]
+    assert EXAMPLES == ["demo.py", "extraction.py", "multi_turn.py", "quorum_lanes.py",
+                        "verdict_lane.py"]
 
 
 def test_demo_prints_a_schema_valid_reply() -> None:
@@ -51,3 +52,12 @@ def test_verdict_lane() -> None:
     assert len(lines) == 3
     for line in lines:  # a verdict, or a named error: never an empty success
         assert any(word in line for word in ("approve", "reject", "abstain", "Truncated"))
+
+
+def test_quorum_lanes() -> None:
+    out = run("quorum_lanes.py")
+    lanes = [x for x in out.splitlines() if x.startswith("lane ")]
+    assert len(lanes) == 5
+    assert "decision: " in out and "votes: " in out
+    reused = [int(x.rsplit(":", 1)[1].strip(" )")) for x in lanes if "reused" in x]
+    assert reused and max(reused) > 0  # the shared prefix was copied, not recomputed
