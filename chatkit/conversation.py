@@ -24,11 +24,13 @@ from pydantic import BaseModel
 from .constraints import Constraint
 from .decoding import Decoder, FinishReason
 from .errors import InvalidParameter, SchemaViolation, Truncated
-from .messages import Message, Reply, Usage
+from .messages import Message, Reply, ToolCall, Usage
 from .model import IncrementalDetokenizer, Model
 from .sampling import LogitProcessor, Sampler, SamplingParams
 from .schema import SchemaInput, load_schema
 from .templates import ChatTemplate, Segment, tokenize_segments
+from .tools.definition import check_tools
+from .tools.grammar import parse_calls, tool_grammar
 
 __all__ = ["Conversation", "ReplyStream"]
 
@@ -111,6 +113,32 @@ class Conversation:
         schema layer, and ``DecodeError``. On any error the conversation is
         left as it was (the turn is not appended).
         """
+        return self._send_turn(text, options)
+
+    def run(self, text: str, tools: Sequence[Any], *, max_steps: int = 8, output: Any = None,
+            **options: Any) -> Reply:
+        """The agent loop: send, execute the called tools, feed the results back, repeat
+        until the model answers without a tool call (that Reply is returned).
+
+        Tools run concurrently (async tools as tasks, sync tools in worker threads,
+        each under its ``timeout``); a tool that raises becomes an error tool response
+        the model sees; ``ModelRetry`` asks for a corrected call. ``output`` constrains
+        the final answer to a schema. Raises ``MaxStepsExceeded`` (with the transcript)
+        after ``max_steps`` model turns.
+        """
+        from .tools.loop import run_agent
+
+        return run_agent(self, text, tools, max_steps=max_steps, output=output, **options)
+
+    async def arun(self, text: str, tools: Sequence[Any], *, max_steps: int = 8,
+                   output: Any = None, **options: Any) -> Reply:
+        """``run`` for async code."""
+        from .tools.loop import arun_agent
+
+        return await arun_agent(self, text, tools, max_steps=max_steps, output=output,
+                                **options)
+
+    def _send_turn(self, text: str | None, options: dict[str, Any]) -> Reply:
         turn = self._turn(text, options)
         try:
             turn.start()
@@ -130,6 +158,9 @@ class Conversation:
     async def asend(self, text: str, **options: Any) -> Reply:
         """``send`` for async code: every llama.cpp step runs in a worker thread, one at a
         time per model (an anyio ``CapacityLimiter(1)``), so other tasks keep running."""
+        return await self._asend_turn(text, options)
+
+    async def _asend_turn(self, text: str | None, options: dict[str, Any]) -> Reply:
         turn: _Turn = await _run(self.model, self._turn, text, options)
         try:
             await _run(self.model, turn.start)
@@ -160,15 +191,13 @@ class Conversation:
             turn.release()
 
     # --------------------------------------------------------------- internals
-    def _turn(self, text: str, options: dict[str, Any]) -> _Turn:
+    def _turn(self, text: str | None, options: dict[str, Any]) -> _Turn:
         known = {"schema", "constraint", "max_tokens", "sampling", "stop", "schema_in_prompt",
-                 "tools"}
+                 "tools", "tool_choice", "parallel_tool_calls"}
         unknown = set(options) - known
         if unknown:
             raise InvalidParameter(sorted(unknown)[0], "unknown send option")
-        if options.get("tools"):
-            raise InvalidParameter("tools", "tool calling is not available yet")
-        return _Turn(self, text, **{k: v for k, v in options.items() if k != "tools"})
+        return _Turn(self, text, **options)
 
     def prompt_ids(self, text: str, **options: Any) -> list[int]:
         """The token ids ``send(text, **options)`` would evaluate (nothing is sent)."""
@@ -196,7 +225,7 @@ class _Turn:
     def __init__(
         self,
         conv: Conversation,
-        text: str,
+        text: str | None,
         *,
         schema: SchemaInput | Constraint | None = None,
         constraint: Constraint | LogitProcessor | None = None,
@@ -204,30 +233,44 @@ class _Turn:
         sampling: SamplingParams | None = None,
         stop: Sequence[str] | None = None,
         schema_in_prompt: bool = False,
+        tools: Sequence[Any] | None = None,
+        tool_choice: str = "auto",
+        parallel_tool_calls: bool = True,
     ) -> None:
-        if not isinstance(text, str):
+        if text is not None and not isinstance(text, str):
             raise InvalidParameter("text", f"must be a str, not {type(text).__name__}")
         if schema is not None and constraint is not None:
             raise InvalidParameter("schema", "give schema= or constraint=, not both")
+        if tools and constraint is not None:
+            raise InvalidParameter("constraint", "tools= builds its own grammar")
         self.conv = conv
         model = conv.model
         self.max_tokens = max_tokens if max_tokens is not None else conv.max_tokens
         if self.max_tokens < 1:
             raise InvalidParameter("max_tokens", f"must be >= 1, got {self.max_tokens}")
-        self.user = Message("user", text + _schema_note(schema) if schema_in_prompt else text)
         if schema_in_prompt and schema is None:
             raise InvalidParameter("schema_in_prompt", "needs schema=")
-        constrained = schema is not None or constraint is not None
+        self.user = None if text is None else Message(
+            "user", text + _schema_note(schema) if schema_in_prompt else text)
+        self.tools = check_tools(tools) if tools else []
+        constrained = schema is not None or constraint is not None or bool(self.tools)
         if stop and constrained:
             raise InvalidParameter("stop", "stop strings end free text; a constraint ends itself")
         self.stop_strings = tuple(stop if stop is not None else ([] if constrained else conv.stop))
 
         template = conv.template
+        if self.tools and not template.supports_tools:
+            template = ChatTemplate.for_model(model, tools=True)
         stop_token = _turn_stop(model, template)
-        thinking = constrained and not conv.no_think and template.supports_thinking
+        thinking = (constrained and not self.tools and not conv.no_think
+                    and template.supports_thinking)
         self.plan = _Plan(None, None, thinking, [], {stop_token, model.eos_id})
         self.reader_cls: type[BaseModel] | None = None
-        if schema is not None:
+        if self.tools:
+            self.plan.constraint = self._tools_constraint(schema, tool_choice,
+                                                          parallel_tool_calls, stop_token)
+            self.plan.processor = self.plan.constraint
+        elif schema is not None:
             self.plan.constraint = self._schema_constraint(schema, stop_token, thinking)
             self.plan.processor = self.plan.constraint
         elif isinstance(constraint, Constraint):
@@ -236,8 +279,9 @@ class _Turn:
         elif constraint is not None:
             self.plan.processor = constraint
         segments = template.render(
-            [*conv.history(), self.user],
+            [*conv.history(), *([self.user] if self.user else [])],
             add_generation_prompt=True,
+            tools=[t.definition.for_template() for t in self.tools] or None,
             enable_thinking=(False if conv.no_think else None) if template.supports_thinking
             else None,
             bos_token=model.detokenize([model.bos_id]) if model.bos_id >= 0 else "",
@@ -262,6 +306,28 @@ class _Turn:
         self._held = ""  # text withheld while it may be the start of a stop string
 
     # ------------------------------------------------------------ preparation
+    def _tools_constraint(self, output: Any, tool_choice: str, parallel: bool,
+                          stop_token: int) -> Constraint:
+        out_doc: dict[str, Any] | None = None
+        reader = None
+        if output is not None:
+            if isinstance(output, Constraint):
+                raise InvalidParameter("schema", "with tools=, give the output as a schema")
+            doc, cls = load_schema(output)
+            if not isinstance(doc, dict):
+                raise InvalidParameter("schema", "the output schema must be an object schema")
+            out_doc = doc
+            from .schema import SchemaReader
+
+            reader = SchemaReader(doc, cls)
+        lark = tool_grammar(self.tools, tool_choice, parallel=parallel, output=out_doc)
+        model = self.conv.model
+        proto: Constraint = model.cache(("tools", lark, stop_token), lambda: Constraint.lark(
+            lark, model=model, stop_token=stop_token))
+        made = proto.clone()
+        made.reader = reader
+        return made
+
     def _schema_constraint(self, schema: SchemaInput | Constraint, stop_token: int,
                            thinking: bool) -> Constraint:
         model = self.conv.model
@@ -372,15 +438,22 @@ class _Turn:
         finish: FinishReason = gen.finish_reason
         reasoning: str | None = None
         parsed: Any = None
+        calls: list[ToolCall] = []
         c = self.plan.constraint
         if c is not None:
             if finish == "length" and not c.is_accepting():
                 raise Truncated(text, self.max_tokens)
             if self.plan.thinking:
                 reasoning, text = _thinking_parts(c, text)
-            if c.reader is not None:
+            if self.tools:
+                text, calls = parse_calls(text, self.tools)
+            if c.reader is not None and not calls:
                 parsed = c.reader.read(text)
-            if finish == "stop":
+            if calls:
+                finish = "tool_calls"
+            elif self.tools and c.reader is None:
+                finish = "stop" if finish != "length" else finish  # free text ended itself
+            elif finish == "stop":
                 finish = "constraint_complete"
         usage = Usage(
             prompt_tokens=gen.prompt_tokens,
@@ -389,10 +462,12 @@ class _Turn:
             prompt_seconds=gen.first_token_seconds,
             total_seconds=gen.seconds,
         )
-        self.conv.messages.append(self.user)
-        self.conv.messages.append(Message("assistant", text, reasoning=reasoning))
+        if self.user is not None:
+            self.conv.messages.append(self.user)
+        self.conv.messages.append(Message("assistant", text, reasoning=reasoning,
+                                          tool_calls=tuple(calls)))
         return Reply(text=text, finish_reason=finish, usage=usage, parsed=parsed,
-                     reasoning=reasoning)
+                     reasoning=reasoning, tool_calls=calls)
 
     def release(self) -> None:
         """Record what the KV cache now holds and free the sequence (every exit path)."""

@@ -11,7 +11,8 @@ code: context travels as attributes, and each class carries the exit code the
     │   ├── SchemaUnsupported (11)   a valid schema keyword chatkit cannot enforce (keyword, path)
     │   ├── GrammarInvalid (12)      a regex or Lark grammar that fails to compile (diagnostic)
     │   ├── TemplateError (13)       a chat template that fails or is unsafe to render
-    │   └── SharedProcessorError (14) one processor object given to two streams
+    │   ├── SharedProcessorError (14) one processor object given to two streams
+    │   └── ToolDefinitionError (15) a tool that cannot be registered (tool, reason)
     ├── ModelError                   the model file or the engine
     │   ├── ModelNotFound (20)       no path given and the default model is not installed
     │   ├── ModelLoadError (21)      missing, unreadable or corrupt GGUF (path)
@@ -20,7 +21,9 @@ code: context travels as attributes, and each class carries the exit code the
         ├── AllTokensMasked (30)     the processor left no selectable token
         ├── ConstraintError (31)     the grammar matcher entered an error state (message)
         ├── Truncated (32)           max_tokens hit before the constraint completed (partial text)
-        └── SchemaViolation (33)     the independent reader rejected the final text (text, errors)
+        ├── SchemaViolation (33)     the independent reader rejected the final text (text, errors)
+        ├── ToolArgumentsInvalid (34) a tool call whose arguments fail validation (name, errors)
+        └── MaxStepsExceeded (35)    the agent loop hit max_steps (transcript)
 
 Foreign exceptions are translated at the boundary with ``raise ... from exc``.
 """
@@ -45,6 +48,9 @@ __all__ = [
     "SchemaViolation",
     "SharedProcessorError",
     "TemplateError",
+    "ToolArgumentsInvalid",
+    "ToolDefinitionError",
+    "MaxStepsExceeded",
     "Truncated",
     "UserError",
 ]
@@ -187,3 +193,39 @@ class SchemaViolation(GenerationError):
         super().__init__("; ".join(errors) or "the reply does not validate")
         self.text = text
         self.errors = errors
+
+
+class ToolDefinitionError(UserError):
+    """A tool cannot be registered: duplicate name, unsupported parameter type, or a
+    schema chatkit cannot enforce (``tool`` names it)."""
+
+    exit_code = 15
+
+    def __init__(self, tool: str, reason: str) -> None:
+        super().__init__(f"tool {tool!r}: {reason}")
+        self.tool = tool
+        self.reason = reason
+
+
+class ToolArgumentsInvalid(GenerationError):
+    """A tool call's arguments failed validation (only possible for constraints the
+    grammar cannot express); never silently dropped."""
+
+    exit_code = 34
+
+    def __init__(self, name: str, arguments: object, errors: list[str]) -> None:
+        super().__init__(f"arguments of {name!r} are invalid: {'; '.join(errors)}")
+        self.name = name
+        self.arguments = arguments
+        self.errors = errors
+
+
+class MaxStepsExceeded(GenerationError):
+    """The agent loop made ``max_steps`` model calls without a final answer."""
+
+    exit_code = 35
+
+    def __init__(self, max_steps: int, transcript: list[object]) -> None:
+        super().__init__(f"no final answer after {max_steps} steps")
+        self.max_steps = max_steps
+        self.transcript = transcript

@@ -13,7 +13,8 @@ def test_public_names_are_pinned() -> None:
         "ModelNotFound", "Sampler", "SamplingParams", "SchemaInvalid", "SchemaReader",
         "SchemaUnsupported", "SchemaViolation", "SeqChunk", "SharedProcessorError",
         "TemplateError", "Truncated", "UserError", "__version__", "generate", "send_batch",
-        "asend_batch", "quorum", "QuorumResult",
+        "asend_batch", "quorum", "QuorumResult", "MaxStepsExceeded", "ToolArgumentsInvalid",
+        "ToolDefinitionError",
     ])
     for name in chatkit.__all__:
         assert hasattr(chatkit, name), name

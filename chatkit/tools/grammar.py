@@ -1,0 +1,103 @@
+"""The Hermes ``<tool_call>`` grammar derived from the tools, and its parser.
+
+Each call body is ``{"name": <one tool's name>, "arguments": <that tool's
+argument schema>}``: one JSON-schema ``anyOf`` branch per tool, so a name can
+never be paired with another tool's arguments. ``tool_choice``:
+
+- ``"auto"``: free text containing no ``<tool_call>``, or tool calls (from the
+  start of the reply); once a call starts it is fully constrained.
+- ``"required"``: one or more calls (exactly one when not parallel).
+- ``"none"``: free text in which ``<tool_call>`` cannot appear.
+- a tool name: calls of exactly that tool.
+
+With ``output=`` (a schema) the free-text alternative becomes that schema's JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import InvalidParameter, ToolArgumentsInvalid
+from ..messages import ToolCall
+from .definition import Tool
+
+__all__ = ["CALL_CLOSE", "CALL_OPEN", "parse_calls", "tool_grammar"]
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+_COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
+            "lenient": False}
+_PLAIN = r"PLAIN: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/"
+_CALL_RE = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+_ids = itertools.count(1)
+
+
+def _body_schema(tools: Sequence[Tool]) -> dict[str, Any]:
+    branches = [
+        {"type": "object",
+         "properties": {"name": {"const": t.name}, "arguments": t.definition.parameters_schema},
+         "required": ["name", "arguments"], "additionalProperties": False}
+        for t in tools
+    ]
+    return {"anyOf": branches, "x-guidance": _COMPACT}
+
+
+def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *, parallel: bool = True,
+                 output: dict[str, Any] | None = None) -> str:
+    """The Lark grammar (llguidance dialect) for one assistant turn with ``tools``."""
+    names = [t.name for t in tools]
+    if tool_choice in ("auto", "required", "none"):
+        callable_tools = list(tools)
+    elif tool_choice in names:
+        callable_tools = [t for t in tools if t.name == tool_choice]
+    else:
+        raise InvalidParameter("tool_choice", f"{tool_choice!r} is not auto, required, none "
+                               f"or a tool name ({', '.join(names)})")
+    free = "answer" if output is not None else "PLAIN"
+    calls = 'calls: call ("\\n" call)*' if parallel else "calls: call"
+    rules = {
+        "auto": f"start: {free} | calls",
+        "none": f"start: {free}",
+    }.get(tool_choice, "start: calls")
+    lines = [rules]
+    if tool_choice != "none":
+        lines += [
+            calls,
+            f'call: "{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"',
+            f"body: %json {json.dumps(_body_schema(callable_tools))}",
+        ]
+    if output is not None:
+        lines.append(f"answer: %json {json.dumps({**output, 'x-guidance': _COMPACT})}")
+    else:
+        lines.append(_PLAIN)
+    return "\n".join(lines) + "\n"
+
+
+def parse_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]]:
+    """Split a reply into its text before the calls and the validated calls.
+
+    Raises ``ToolArgumentsInvalid`` for a call whose body is not JSON, names no
+    tool, or whose arguments fail the tool's validator.
+    """
+    by_name = {t.name: t for t in tools}
+    calls: list[ToolCall] = []
+    first = text.find(CALL_OPEN)
+    lead = text if first < 0 else text[:first]
+    for match in _CALL_RE.finditer(text):
+        try:
+            body = json.loads(match.group(1))
+        except json.JSONDecodeError as exc:
+            raise ToolArgumentsInvalid("?", match.group(1), [f"not JSON: {exc}"]) from exc
+        name = body.get("name") if isinstance(body, dict) else None
+        if name not in by_name:
+            raise ToolArgumentsInvalid(str(name), body, ["no such tool"])
+        args = body.get("arguments")
+        parsed = by_name[name].validate(args)
+        calls.append(ToolCall(id=f"call_{next(_ids)}", name=name,
+                              arguments=dict(args) if isinstance(args, dict) else {},
+                              parsed=parsed))
+    return lead.strip(), calls
