@@ -40,6 +40,7 @@ __all__ = [
     "GenerationError",
     "GrammarInvalid",
     "InvalidParameter",
+    "MaxStepsExceeded",
     "ModelError",
     "ModelLoadError",
     "ModelNotFound",
@@ -50,7 +51,6 @@ __all__ = [
     "TemplateError",
     "ToolArgumentsInvalid",
     "ToolDefinitionError",
-    "MaxStepsExceeded",
     "Truncated",
     "UserError",
 ]

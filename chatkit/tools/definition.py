@@ -24,7 +24,7 @@ __all__ = ["ModelRetry", "Tool", "ToolDefinition", "check_tools", "tool"]
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
 
-class ModelRetry(Exception):  # noqa: N818 - the name says what the tool asks for
+class ModelRetry(Exception):
     """Raised by a tool to ask the model for a corrected call; the message is shown to it."""
 
 
