@@ -46,9 +46,20 @@ def _body_schema(tools: Sequence[Tool]) -> dict[str, Any]:
     return {"anyOf": branches, "x-guidance": _COMPACT}
 
 
-def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *, parallel: bool = True,
-                 output: dict[str, Any] | None = None) -> str:
-    """The Lark grammar (llguidance dialect) for one assistant turn with ``tools``."""
+DEFAULT_MAX_CALLS = 4
+
+
+def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
+                 parallel: bool | int = True, output: dict[str, Any] | None = None) -> str:
+    """The Lark grammar (llguidance dialect) for one assistant turn with ``tools``.
+
+    ``parallel``: False for exactly one call per turn, True for up to
+    ``DEFAULT_MAX_CALLS`` (a small model would otherwise repeat calls until
+    max_tokens), or an int for up to that many.
+    """
+    max_calls = DEFAULT_MAX_CALLS if parallel is True else 1 if parallel is False else parallel
+    if max_calls < 1:
+        raise InvalidParameter("parallel_tool_calls", f"must allow >= 1 call, got {parallel}")
     names = [t.name for t in tools]
     if tool_choice in ("auto", "required", "none"):
         callable_tools = list(tools)
@@ -58,7 +69,10 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *, parallel: 
         raise InvalidParameter("tool_choice", f"{tool_choice!r} is not auto, required, none "
                                f"or a tool name ({', '.join(names)})")
     free = "answer" if output is not None else "PLAIN"
-    calls = 'calls: call ("\\n" call)*' if parallel else "calls: call"
+    more = ""
+    for _ in range(max_calls - 1):  # nested optionals: at most max_calls calls
+        more = f' ("\\n" call{more})?'
+    calls = f"calls: call{more}"
     rules = {
         "auto": f"start: {free} | calls",
         "none": f"start: {free}",
