@@ -17,6 +17,7 @@ def run(name: str) -> str:
 
 def test_every_example_is_covered() -> None:
     assert EXAMPLES == ["demo.py", "extraction.py", "multi_turn.py", "quorum_lanes.py",
+                        "tools_agent.py", "tools_parallel.py", "tools_pydantic.py",
                         "verdict_lane.py"]
 
 
@@ -61,3 +62,21 @@ def test_quorum_lanes() -> None:
     assert "decision: " in out and "votes: " in out
     reused = [int(x.rsplit(":", 1)[1].strip(" )")) for x in lanes if "reused" in x]
     assert reused and max(reused) > 0  # the shared prefix was copied, not recomputed
+
+
+def test_tools_agent() -> None:
+    out = run("tools_agent.py")
+    assert " calls " in out and "\ntool: " in out and "final: " in out
+
+
+def test_tools_pydantic() -> None:
+    import json
+
+    data = json.loads(run("tools_pydantic.py"))
+    assert set(data) == {"title", "priority", "component"} and 1 <= data["priority"] <= 5
+
+
+def test_tools_parallel() -> None:
+    out = run("tools_parallel.py")
+    n = int(out.split(" calls:")[0])
+    assert 1 <= n <= 3 and out.count("-> 22 C in") == n
