@@ -9,6 +9,7 @@ enforce is refused when the tool is made (``ToolDefinitionError``).
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from ..errors import ChatkitError, ToolArgumentsInvalid, ToolDefinitionError
-from ..schema import compile_json_schema, load_schema
+from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
+from ..schema import SchemaReader, compile_json_schema, load_schema
 
 __all__ = ["ModelRetry", "Tool", "ToolDefinition", "check_tools", "tool"]
 
@@ -49,7 +50,7 @@ class ToolDefinition:
 class Tool:
     """A callable tool: definition, argument validator and the function (if any)."""
 
-    def __init__(self, definition: ToolDefinition, args_model: type[BaseModel],
+    def __init__(self, definition: ToolDefinition, args_model: type[BaseModel] | None,
                  function: Callable[..., Any] | None, *, timeout: float | None = None,
                  unpack: bool = True) -> None:
         self.definition = definition
@@ -57,6 +58,28 @@ class Tool:
         self.function = function
         self.timeout = timeout
         self._unpack = unpack
+        self._reader = None if args_model is not None else SchemaReader(
+            definition.parameters_schema)
+
+    @classmethod
+    def from_schema(cls, name: str, parameters: dict[str, Any], description: str = "",
+                    function: Callable[..., Any] | None = None) -> Tool:
+        """A tool from a JSON-schema arguments object (e.g. an OpenAI-style definition).
+
+        Arguments are validated with jsonschema; ``parsed`` is the plain dict and a
+        ``function`` is called with the arguments as keywords. Raises
+        ``ToolDefinitionError`` when the schema cannot be enforced.
+        """
+        if not _NAME.match(name):
+            raise ToolDefinitionError(name, "names are letters, digits, _ . - (max 64)")
+        try:
+            doc, _ = load_schema(parameters)
+            compile_json_schema(doc)
+        except ChatkitError as exc:
+            raise ToolDefinitionError(name, f"arguments cannot be enforced: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise ToolDefinitionError(name, "the arguments schema must be an object schema")
+        return cls(ToolDefinition(name, description, doc), None, function)
 
     @property
     def name(self) -> str:
@@ -66,19 +89,28 @@ class Tool:
     def is_async(self) -> bool:
         return self.function is not None and inspect.iscoroutinefunction(self.function)
 
-    def validate(self, arguments: Any) -> BaseModel:
-        """The arguments as the args model instance; ``ToolArgumentsInvalid`` otherwise."""
+    def validate(self, arguments: Any) -> Any:
+        """The arguments as the args model instance (a dict for schema tools);
+        ``ToolArgumentsInvalid`` otherwise."""
+        if self._reader is not None:
+            try:
+                return self._reader.read(json.dumps(arguments))
+            except SchemaViolation as exc:
+                raise ToolArgumentsInvalid(self.name, arguments, exc.errors) from exc
+        assert self.args_model is not None
         try:
             return self.args_model.model_validate(arguments)
         except ValidationError as exc:
             errors = [f"{'/'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
             raise ToolArgumentsInvalid(self.name, arguments, errors) from exc
 
-    def bind_call(self, parsed: BaseModel) -> Callable[[], Any]:
+    def bind_call(self, parsed: Any) -> Callable[[], Any]:
         """A zero-argument callable that runs the tool with validated arguments."""
         fn = self.function
         if fn is None:
             raise ToolDefinitionError(self.name, "has no function to call (a schema-only tool)")
+        if isinstance(parsed, dict):
+            return lambda: fn(**parsed)
         if self._unpack:
             kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
             return lambda: fn(**kwargs)
