@@ -204,15 +204,22 @@ class Constraint:
             self._has_prepared = True
         return self._matcher
 
-    def _compute(self) -> Prepared | None:
-        """Mask for the current state (None when the matcher is in error)."""
+    def _fill(self) -> NDArray[np.int32] | None:
+        """The current state's mask words, padding cleared (None: matcher in error)."""
         m = self._matcher
         mask = self._mask
         m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         if m.is_error():
             return None
-        words = mask[0]
+        words: NDArray[np.int32] = mask[0]
         np.bitwise_and(words, self._static, out=words)
+        return words
+
+    def _compute(self) -> Prepared | None:
+        """Mask for the current state, ready to apply (None when the matcher is in error)."""
+        words = self._fill()
+        if words is None:
+            return None
         assert self.model is not None
         return prepare_bitmask(words, self.model.n_vocab)
 
