@@ -95,6 +95,8 @@ def _prepare(items: Sequence[BatchItem], options: dict[str, Any]) -> list[_Turn]
                                        "(its sampler and processor would be shared)")
         seen_convs.add(id(conv))
         merged = {**options, **own}
+        if merged.get("speculative"):
+            raise InvalidParameter("speculative", "not available in lockstep batches")
         for key in ("schema", "constraint"):
             value = merged.get(key)
             if value is None or not hasattr(value, "process"):

@@ -2,7 +2,8 @@
 
     chatkit run --prompt TEXT|@FILE|- [--json-schema JSON|@FILE | --lark G|@FILE | --regex P]
                 [--model PATH] [--system TEXT|@FILE] [--no-think] [--max-tokens N]
-                [--temperature T] [--top-p P] [--seed N] [--stop STR ...] [--json] [--debug]
+                [--temperature T] [--top-p P] [--seed N] [--stop STR ...] [--speculative]
+                [--json] [--debug]
     chatkit info [--model PATH]
 
 Every answer parses, or the command fails by name: one line on stderr,
@@ -129,12 +130,13 @@ def _run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
                         stop=args.stop or (), max_tokens=args.max_tokens)
+    spec = {"speculative": True} if args.speculative else {}
     if constraint is None:
-        reply = conv.send(prompt)
+        reply = conv.send(prompt, **spec)
     elif constraint.kind == "json_schema":
-        reply = conv.send(prompt, schema=constraint)
+        reply = conv.send(prompt, schema=constraint, **spec)
     else:
-        reply = conv.send(prompt, constraint=constraint)
+        reply = conv.send(prompt, constraint=constraint, **spec)
     if args.json:
         parsed = reply.parsed.model_dump() if hasattr(reply.parsed, "model_dump") else reply.parsed
         out = {
@@ -193,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--stop", action="append", help="stop string for free text (repeatable)")
     run.add_argument("--n-ctx", type=_positive_int, default=4096, help=argparse.SUPPRESS)
+    run.add_argument("--speculative", action="store_true",
+                     help="grammar-drafted speculative decoding (same output, fewer passes)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
     run.set_defaults(func=_run)

@@ -26,8 +26,9 @@ from .decoding import Decoder, FinishReason
 from .errors import InvalidParameter, SchemaViolation, Truncated
 from .messages import Message, Reply, ToolCall, Usage
 from .model import IncrementalDetokenizer, Model
-from .sampling import LogitProcessor, Sampler, SamplingParams
+from .sampling import DraftAwareProcessor, LogitProcessor, Sampler, SamplingParams
 from .schema import SchemaInput, load_schema
+from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
 from .templates import ChatTemplate, Segment, tokenize_segments
 from .tools.definition import check_tools
 from .tools.grammar import parse_calls, tool_grammar
@@ -35,6 +36,7 @@ from .tools.grammar import parse_calls, tool_grammar
 __all__ = ["Conversation", "ReplyStream"]
 
 NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
+SPEC_K = 4  # draft tokens per verify: 5-row batches stay in the bitwise-equal regime
 _COMPACT: dict[str, Any] = {
     "whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "lenient": False,
 }
@@ -193,7 +195,7 @@ class Conversation:
     # --------------------------------------------------------------- internals
     def _turn(self, text: str | None, options: dict[str, Any]) -> _Turn:
         known = {"schema", "constraint", "max_tokens", "sampling", "stop", "schema_in_prompt",
-                 "tools", "tool_choice", "parallel_tool_calls"}
+                 "tools", "tool_choice", "parallel_tool_calls", "speculative"}
         unknown = set(options) - known
         if unknown:
             raise InvalidParameter(sorted(unknown)[0], "unknown send option")
@@ -236,6 +238,7 @@ class _Turn:
         tools: Sequence[Any] | None = None,
         tool_choice: str = "auto",
         parallel_tool_calls: bool = True,
+        speculative: bool = False,
     ) -> None:
         if text is not None and not isinstance(text, str):
             raise InvalidParameter("text", f"must be a str, not {type(text).__name__}")
@@ -299,6 +302,13 @@ class _Turn:
         self.sampler = conv._sampler
         if sampling is not None:
             self.sampler = Sampler(sampling)
+        self.spec: DraftSource | None = None
+        self.gate = CostGate()
+        if speculative:
+            proc = self.plan.processor
+            self.spec = (ConstrainedSource(proc, PromptLookupSource())
+                         if isinstance(proc, DraftAwareProcessor) else PromptLookupSource())
+        self._cut = False  # a stop string ended the text
         self.detok: IncrementalDetokenizer = model.incremental_detokenizer()
         self.decoder: Decoder | None = None
         self.seq: int | None = None
@@ -383,8 +393,24 @@ class _Turn:
         return self._emit(self.open().start())
 
     def step(self) -> str:
-        assert self.decoder is not None
-        return self._emit(self.decoder.step())
+        d = self.decoder
+        assert d is not None
+        if self.spec is None:
+            return self._emit(d.step())
+        k = min(SPEC_K, self.max_tokens - len(d.tokens) - 1)
+        draft = self.spec.propose(d.history, k) if k > 0 and self.gate.allow() else []
+        before = d.accepted
+        toks = d.spec_step(draft)
+        if draft:
+            self.gate.record(len(draft), d.accepted - before)
+            if d.accepted - before < len(draft):
+                self.spec.truncated(len(draft) - (d.accepted - before))
+        out = ""
+        for tok in toks:
+            if self._cut:
+                break
+            out += self._emit(tok)
+        return out
 
     def first(self, row: Any) -> str:
         """Batch drivers: the prompt was prefilled externally; sample the first token."""
@@ -408,6 +434,7 @@ class _Turn:
             if cut >= 0:
                 emitted = len(self.text) - len(delta) - len(self._held)
                 self.text = self.text[:cut]
+                self._cut = True
                 assert self.decoder is not None
                 self.decoder.finish("stop")
                 out = self.text[emitted:]
@@ -461,6 +488,8 @@ class _Turn:
             cached_prompt_tokens=gen.prompt_tokens - gen.prompt_tokens_evaluated,
             prompt_seconds=gen.first_token_seconds,
             total_seconds=gen.seconds,
+            draft_tokens=self.decoder.drafted,
+            accepted_draft_tokens=self.decoder.accepted,
         )
         if self.user is not None:
             self.conv.messages.append(self.user)

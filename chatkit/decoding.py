@@ -13,11 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import InvalidParameter
 from .model import SAFE_PREFILL_CHUNK, Model, SeqChunk
 from .sampling import Logits, Sampler
+
+if TYPE_CHECKING:
+    from .speculative import DraftSource
 
 __all__ = ["Decoder", "FinishReason", "Generation", "generate"]
 
@@ -88,6 +91,8 @@ class Decoder:
         self.stop_token: int | None = None
         self._pending: int | None = None  # sampled, not yet evaluated
         self._evaluated = 0  # reply tokens in the KV cache
+        self.drafted = 0  # speculative draft tokens verified
+        self.accepted = 0  # ... and accepted
         self._t0 = 0.0
         self._first = 0.0
         self._end = 0.0
@@ -136,6 +141,48 @@ class Decoder:
             return None
         with self.model.lock:
             return self.advance(self.model.decode([chunk])[0][0])
+
+    def spec_step(self, draft: Sequence[int]) -> list[int]:
+        """Verify ``draft`` after the pending token in ONE decode (holds the model lock).
+
+        Rows of ``[pending, *draft]`` go through ``Sampler.next`` in order: accepted
+        while the sample equals the draft token; the first mismatch's sample (or,
+        all accepted, the bonus sample) ends the step. Every sampled token is
+        committed, so no processor rollback is needed; rejected draft positions
+        are removed from the KV sequence. Returns the tokens sampled (the stop
+        token excluded). With an empty draft this is ``step()``.
+        """
+        chunk = self.chunk()
+        if chunk is None:
+            return []
+        draft = list(draft)
+        if not draft:
+            tok = self.step()
+            return [] if tok is None else [tok]
+        out: list[int] = []
+        with self.model.lock:
+            rows = self.model.decode(
+                [SeqChunk(self.seq_id, chunk.pos, (*chunk.tokens, *draft), "all")])[0]
+            self._pending = None
+            self._evaluated += 1
+            accepted = 0
+            for i in range(len(draft) + 1):
+                tok = self._take(rows[i])
+                if tok is None:
+                    break
+                out.append(tok)
+                if i < len(draft) and tok == draft[i] and not self.done:
+                    accepted += 1
+                    self._pending = None  # the draft token is already in the KV cache
+                    self._evaluated += 1
+                    continue
+                break
+            self.drafted += len(draft)
+            self.accepted += accepted
+            keep = len(self.prompt) + self._evaluated
+            if keep < chunk.pos + 1 + len(draft):
+                self.model.seq_rm(self.seq_id, keep, -1)
+        return out
 
     def _take(self, row: Logits) -> int | None:
         tok = self.sampler.next(row, self.history)
@@ -186,8 +233,13 @@ def generate(
     seq_id: int = 0,
     reuse: int = 0,
     prefill_chunk: int = SAFE_PREFILL_CHUNK,
+    draft: DraftSource | None = None,
+    draft_k: int = 4,
 ) -> Generation:
     """Decode one reply for ``prompt`` in KV sequence ``seq_id`` (the sync driver).
+
+    With ``draft`` (a ``chatkit.speculative.DraftSource``), each step verifies up to
+    ``draft_k`` proposed tokens in one batched decode; the output is the same.
 
     ``stop_ids`` default to the model's EOS and end-of-turn ids. Raises
     ``AllTokensMasked``/``ConstraintError`` from the sampler and
@@ -197,7 +249,16 @@ def generate(
                   seq_id=seq_id, reuse=reuse, prefill_chunk=prefill_chunk)
     dec.start()
     while not dec.done:
-        dec.step()
+        if draft is None:
+            dec.step()
+            continue
+        k = min(draft_k, max_tokens - len(dec.tokens) - 1)
+        proposal = draft.propose(dec.history, k) if k > 0 else []
+        before = dec.accepted
+        dec.spec_step(proposal)
+        rejected = len(proposal) - (dec.accepted - before)
+        if proposal and rejected:
+            draft.truncated(rejected)
     return dec.result()
 
 

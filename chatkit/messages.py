@@ -58,6 +58,10 @@ class Usage:
     """Time to the first reply token (prefill included)."""
     total_seconds: float
     """Wall time of the whole reply."""
+    draft_tokens: int = 0
+    """Speculative draft tokens verified (``speculative=True``)."""
+    accepted_draft_tokens: int = 0
+    """... and accepted."""
 
     @property
     def evaluated_prompt_tokens(self) -> int:

@@ -1,0 +1,113 @@
+"""Speculative decoding where the grammar drafts.
+
+A :class:`DraftSource` proposes the next few tokens; the verify step
+(:meth:`chatkit.decoding.Decoder.spec_step`) evaluates ``[last, draft...]`` in
+one ``llama_decode`` and walks the rows through the same ``Sampler.next``
+(which commits every sampled token): accepted while the sample equals the
+draft, then the first mismatch's sample is the correction, or, all accepted,
+the next row gives a bonus token. Rejected positions leave the KV cache. No
+rollback is needed, and the output is the plain loop's output.
+
+- :class:`PromptLookupSource`: n-gram lookup in the history (copies spans of
+  the prompt: names, quoted values, repeated keys).
+- :class:`ConstrainedSource`: when the grammar forces a continuation
+  (llguidance fast-forward tokens) that span is the draft; otherwise the inner
+  source drafts and the draft is cut at its first grammar-invalid token.
+- :class:`CostGate`: turns speculation off for a stretch when acceptance makes
+  it a loss (a batch of n tokens costs about 1 + 0.43 (n - 1) single steps
+  here, DESIGN.md), and back on later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .sampling import DraftAwareProcessor
+
+__all__ = ["ConstrainedSource", "CostGate", "DraftSource", "PromptLookupSource"]
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    """Proposes up to ``k`` tokens to follow ``history``; told how many were rejected."""
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]: ...
+
+    def truncated(self, n: int) -> None: ...
+
+
+class PromptLookupSource:
+    """Prompt lookup decoding: find the latest earlier occurrence of the last n tokens
+    (n from ``ngram_max`` down to ``ngram_min``) and propose what followed it."""
+
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        h = list(history)
+        for n in range(min(self.ngram_max, len(h) - 1), self.ngram_min - 1, -1):
+            key = h[-n:]
+            for start in range(len(h) - n - 1, -1, -1):
+                if h[start : start + n] == key:
+                    follow = h[start + n : start + n + k]
+                    if follow:
+                        return follow
+        return []
+
+    def truncated(self, n: int) -> None:
+        pass
+
+
+class ConstrainedSource:
+    """Grammar-forced spans first; else the inner source's draft cut at its first
+    token the grammar would refuse (so no verify slot is spent on a sure reject)."""
+
+    def __init__(self, processor: DraftAwareProcessor, inner: DraftSource | None = None) -> None:
+        self.processor = processor
+        self.inner = inner if inner is not None else PromptLookupSource()
+        self.pruned = 0
+        """Draft tokens cut before verification because the grammar refuses them."""
+        self.forced = 0
+        """Draft tokens that came from grammar-forced spans."""
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        forced = self.processor.forced_tokens()[:k]
+        if forced:
+            self.forced += len(forced)
+            return forced
+        draft = self.inner.propose(history, k)
+        keep = self.processor.valid_prefix_len(draft) if draft else 0
+        self.pruned += len(draft) - keep
+        return draft[:keep]
+
+    def truncated(self, n: int) -> None:
+        self.inner.truncated(n)
+
+
+class CostGate:
+    """Speculate only while it pays: track accepted tokens per verify and switch off
+    for ``pause`` steps when the expected gain is below the batch's extra cost."""
+
+    def __init__(self, per_token_cost: float = 0.43, pause: int = 8) -> None:
+        self.per_token_cost = per_token_cost
+        self.pause = pause
+        self.acceptance = 1.0  # optimistic start: try speculation first
+        self._off_for = 0
+
+    def allow(self) -> bool:
+        if self._off_for > 0:
+            self._off_for -= 1
+            return False
+        return True
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.acceptance = 0.7 * self.acceptance + 0.3 * (accepted / drafted)
+        # tokens gained per verify vs its cost, both in single-step units
+        gain = 1.0 + self.acceptance * drafted
+        cost = 1.0 + self.per_token_cost * drafted
+        if gain < cost:
+            self._off_for = self.pause

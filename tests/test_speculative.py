@@ -1,0 +1,233 @@
+"""Speculative decoding is lossless: exactly on a deterministic fake model, and token for
+token on the real SmolLM2 inside the bitwise-equal regime (short contexts, <= 8 rows)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chatkit import Constraint, Model, Sampler, SamplingParams, generate
+from chatkit.model import SeqChunk
+from chatkit.speculative import ConstrainedSource, CostGate, PromptLookupSource
+from tests.helpers import Recorder, chat_prompt
+
+VOCAB = 64
+STOP = 0
+
+
+class FakeModel:
+    """Logits are a pure function of the token history: any evaluation order gives the same
+    rows, so speculative and plain decoding must agree exactly."""
+
+    eos_id = STOP
+    eot_id = STOP
+    n_vocab = VOCAB
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.kv: dict[int, list[int]] = {}
+        self.calls: list[int] = []
+
+    def _row(self, history: Sequence[int]) -> np.ndarray:
+        seed = hash(tuple(history)) & 0xFFFFFFFF
+        row = np.random.default_rng(seed).normal(0, 2, VOCAB).astype(np.float32)
+        row[STOP] -= 3.0 if len(history) < 30 else -6.0  # stops eventually
+        return row
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        self.kv[seq] = self.kv.get(seq, [])[:p0]
+
+    def decode(self, chunks: Sequence[SeqChunk]) -> list[np.ndarray]:
+        out = []
+        for c in chunks:
+            kv = self.kv.setdefault(c.seq_id, [])
+            assert len(kv) == c.pos, (len(kv), c.pos)  # the KV bookkeeping must be exact
+            rows = []
+            for t in c.tokens:
+                kv.append(t)
+                rows.append(self._row(kv))
+            self.calls.append(len(c.tokens))
+            keep = rows if c.logits == "all" else rows[-1:] if c.logits == "last" else []
+            out.append(np.stack(keep) if keep else np.empty((0, VOCAB), np.float32))
+        return out
+
+    def prefill(self, seq: int, tokens: Sequence[int], pos: int = 0, *, chunk: int = 32) -> Any:
+        return self.decode([SeqChunk(seq, pos, tokens, "last")])[0][0].copy()
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return " ".join(map(str, ids))
+
+
+class RandomDraft:
+    """Proposes the true continuation with some probability, else garbage."""
+
+    def __init__(self, oracle: list[int], seed: int) -> None:
+        self.oracle = oracle
+        self.rng = np.random.default_rng(seed)
+        self.truncations = 0
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        n = len(history)
+        out = []
+        for j in range(k):
+            good = n + j < len(self.oracle) and self.rng.random() < 0.7
+            out.append(self.oracle[n + j] if good else int(self.rng.integers(1, VOCAB)))
+        return out
+
+    def truncated(self, n: int) -> None:
+        self.truncations += 1
+
+
+class ParityMask:
+    """A plain-mask processor: only even tokens (and the stop token)."""
+
+    def process(self, logits: np.ndarray, history: Sequence[int]) -> None:
+        logits[1::2] = -np.inf
+
+    def commit(self, token: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)],
+                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("max_tokens", [7, 40])
+def test_fake_model_speculation_is_exact(params: SamplingParams, masked: bool,
+                                         max_tokens: int) -> None:
+    prompt = [5, 9, 12]
+    plain_rec = Recorder(ParityMask()) if masked else None
+    plain = generate(FakeModel(), prompt, Sampler(params, plain_rec),  # type: ignore[arg-type]
+                     max_tokens=max_tokens)
+    oracle = prompt + plain.tokens + [STOP]
+    for seed in range(4):
+        rec = Recorder(ParityMask()) if masked else None
+        model = FakeModel()
+        spec = generate(model, prompt, Sampler(params, rec), max_tokens=max_tokens,  # type: ignore[arg-type]
+                        draft=RandomDraft(oracle, seed), draft_k=4)
+        assert spec.tokens == plain.tokens
+        assert spec.finish_reason == plain.finish_reason
+        assert spec.kv_tokens == plain.kv_tokens  # rejected drafts left the KV cache
+        if masked:
+            assert rec is not None and plain_rec is not None
+            assert rec.commits == plain_rec.commits  # one commit per sampled token, same log
+        assert max(model.calls) > 1  # batches of draft rows were really verified
+
+
+# ---------------------------------------------------------------- real model
+SCHEMA = {"type": "object", "properties": {
+    "decision": {"enum": ["approve", "reject", "abstain"]},
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    "reasons": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 2}},
+    "required": ["decision", "confidence", "reasons"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=2)],
+                         ids=["greedy", "seeded"])
+def test_constrained_speculation_equals_plain_on_smollm2(smol: Model,
+                                                          params: SamplingParams) -> None:
+    prompt = chat_prompt(smol, "Judge: tests were deleted.")
+    base = Constraint.json_schema(SCHEMA, model=smol)
+    plain_rec = Recorder(base.clone())
+    plain = generate(smol, prompt, Sampler(params, plain_rec), max_tokens=60)
+    c = base.clone()
+    rec = Recorder(c)
+    source = ConstrainedSource(c, PromptLookupSource())
+    before = smol.stats.decode_calls
+    spec = generate(smol, prompt, Sampler(params, rec), max_tokens=60, draft=source)
+    assert spec.tokens == plain.tokens and spec.text == plain.text
+    assert rec.commits == plain_rec.commits
+    assert source.forced > 0  # grammar-forced spans were drafted...
+    assert smol.stats.decode_calls - before < len(spec.tokens)  # ...and saved forward passes
+
+
+def test_unconstrained_speculation_equals_plain(smol: Model) -> None:
+    prompt = chat_prompt(smol, "Repeat exactly: alpha beta gamma alpha beta gamma alpha beta")
+    plain = generate(smol, prompt, Sampler(), max_tokens=30)
+    spec = generate(smol, prompt, Sampler(), max_tokens=30, draft=PromptLookupSource())
+    assert spec.tokens == plain.tokens
+
+
+def test_invalid_drafts_are_pruned_before_verification(smol: Model) -> None:
+    class Garbage:
+        def propose(self, history: Sequence[int], k: int) -> list[int]:
+            return smol.tokenize(" hello world again", special=False)[:k]
+
+        def truncated(self, n: int) -> None:
+            pass
+
+    c = Constraint.json_schema(SCHEMA, model=smol)
+    source = ConstrainedSource(c, Garbage())
+    c.commit(smol.tokenize("{", special=False)[0])
+    # no forced span right after '{'? then the garbage draft is pruned to nothing
+    draft = source.propose([], 4)
+    assert c.valid_prefix_len(draft) == len(draft)
+    assert source.pruned + source.forced > 0
+
+
+def test_stop_and_max_tokens_inside_a_draft() -> None:
+    prompt = [5, 9, 12]
+    plain = generate(FakeModel(), prompt, Sampler(), max_tokens=100)  # type: ignore[arg-type]
+    assert plain.finish_reason == "stop"
+    oracle = prompt + plain.tokens + [STOP, 7, 7, 7]  # the draft runs past the stop token
+
+    class Perfect:
+        def propose(self, history: Sequence[int], k: int) -> list[int]:
+            return oracle[len(history) : len(history) + k]
+
+        def truncated(self, n: int) -> None:
+            pass
+
+    spec = generate(FakeModel(), prompt, Sampler(), max_tokens=100,  # type: ignore[arg-type]
+                    draft=Perfect(), draft_k=6)
+    assert spec.tokens == plain.tokens and spec.finish_reason == "stop"
+    cut = generate(FakeModel(), prompt, Sampler(), max_tokens=5,  # type: ignore[arg-type]
+                   draft=Perfect(), draft_k=6)
+    assert cut.tokens == plain.tokens[:5] and cut.finish_reason == "length"
+
+
+def test_cost_gate_switches_off_and_back_on() -> None:
+    gate = CostGate(pause=3)
+    for _ in range(5):
+        gate.record(4, 0)
+    assert [gate.allow() for _ in range(4)] == [False, False, False, True]  # probes again
+    good = CostGate(pause=3)
+    for _ in range(5):
+        good.record(4, 4)
+    assert all(good.allow() for _ in range(5))
+
+
+def test_conversation_speculative_equals_plain(smol: Model) -> None:
+    from chatkit import Conversation
+
+    from tests.test_conversation import Verdict
+
+    plain = Conversation(smol).send("Judge: the moon is cheese.", schema=Verdict, max_tokens=60)
+    spec = Conversation(smol).send("Judge: the moon is cheese.", schema=Verdict, max_tokens=60,
+                                   speculative=True)
+    assert spec.text == plain.text and isinstance(spec.parsed, Verdict)
+    assert spec.usage.accepted_draft_tokens > 0
+    stream = Conversation(smol).stream("Judge: the moon is cheese.", schema=Verdict,
+                                       max_tokens=60, speculative=True)
+    assert "".join(stream) == plain.text
+
+
+def test_cli_speculative_flag() -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    schema = root / "tests/fixtures/schemas/verdict.json"
+    outs = [subprocess.run([sys.executable, "-m", "chatkit", "run", "--prompt", "Judge it.",
+                            "--json-schema", f"@{schema}", *flag], capture_output=True,
+                           text=True, timeout=120, check=True).stdout for flag in
+            ([], ["--speculative"])]
+    assert json.loads(outs[0]) == json.loads(outs[1])
