@@ -105,7 +105,7 @@ def evaluate(model: Model, case: dict[str, Any], answer: dict[str, Any],
     tools = make_tools(case)
     by_name = {t.name: t for t in tools}
     question = case["question"][0][-1]["content"]
-    conv = Conversation(model, max_tokens=160)
+    conv = Conversation(model, max_tokens=256)
     result = {"parsed": False, "name": False, "schema": False, "ast": False}
     try:
         if constrained:

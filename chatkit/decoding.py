@@ -49,6 +49,10 @@ class Generation:
     """The stop token that ended it, if any."""
     kv_tokens: list[int] = field(default_factory=list)
     """The tokens now held in the sequence's KV cache, in order."""
+    draft_tokens: int = 0
+    """Speculative draft tokens verified."""
+    accepted_draft_tokens: int = 0
+    """... and accepted."""
 
 
 class Decoder:
@@ -220,6 +224,8 @@ class Decoder:
             first_token_seconds=self._first,
             stop_token=self.stop_token,
             kv_tokens=self.kv_tokens(),
+            draft_tokens=self.drafted,
+            accepted_draft_tokens=self.accepted,
         )
 
 

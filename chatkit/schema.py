@@ -25,6 +25,7 @@ __all__ = [
     "SchemaInput",
     "SchemaReader",
     "Whitespace",
+    "close_objects",
     "compile_json_schema",
     "keyword_path",
     "load_schema",
@@ -57,7 +58,7 @@ def load_schema(schema: SchemaInput) -> tuple[dict[str, Any] | bool, type[BaseMo
         model_cls = schema
         doc: Any = schema.model_json_schema()
         if schema.model_config.get("extra") != "allow":
-            _close_objects(doc)
+            close_objects(doc)
     elif isinstance(schema, str):
         try:
             doc = json.loads(schema)
@@ -77,7 +78,7 @@ def load_schema(schema: SchemaInput) -> tuple[dict[str, Any] | bool, type[BaseMo
     return doc, model_cls
 
 
-def _close_objects(doc: dict[str, Any]) -> None:
+def close_objects(doc: dict[str, Any]) -> None:
     """Pydantic ignores (or forbids) undeclared fields, so the grammar need not generate them:
     objects without an ``additionalProperties`` decision get ``false``."""
     for _, node in _walk(doc, ""):

@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
-from ..schema import SchemaReader, compile_json_schema, load_schema
+from ..schema import SchemaReader, close_objects, compile_json_schema, load_schema
 
 __all__ = ["ModelRetry", "Tool", "ToolDefinition", "check_tools", "tool"]
 
@@ -66,7 +66,9 @@ class Tool:
                     function: Callable[..., Any] | None = None) -> Tool:
         """A tool from a JSON-schema arguments object (e.g. an OpenAI-style definition).
 
-        Arguments are validated with jsonschema; ``parsed`` is the plain dict and a
+        Objects without an ``additionalProperties`` decision are closed (as OpenAI's
+        strict tools): a call names only declared arguments. Arguments are validated
+        with jsonschema; ``parsed`` is the plain dict and a
         ``function`` is called with the arguments as keywords. Raises
         ``ToolDefinitionError`` when the schema cannot be enforced.
         """
@@ -74,6 +76,9 @@ class Tool:
             raise ToolDefinitionError(name, "names are letters, digits, _ . - (max 64)")
         try:
             doc, _ = load_schema(parameters)
+            if isinstance(doc, dict):
+                doc = json.loads(json.dumps(doc))  # a private copy to close
+                close_objects(doc)  # arguments are closed, as OpenAI's strict tools
             compile_json_schema(doc)
         except ChatkitError as exc:
             raise ToolDefinitionError(name, f"arguments cannot be enforced: {exc}") from exc
