@@ -205,7 +205,6 @@ def test_cost_gate_switches_off_and_back_on() -> None:
 
 def test_conversation_speculative_equals_plain(smol: Model) -> None:
     from chatkit import Conversation
-
     from tests.test_conversation import Verdict
 
     plain = Conversation(smol).send("Judge: the moon is cheese.", schema=Verdict, max_tokens=60)
