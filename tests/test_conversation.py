@@ -119,25 +119,10 @@ def test_truncated_is_an_error_and_nothing_is_appended(smol: Model) -> None:
     assert isinstance(ok.parsed, Verdict)
 
 
-class Unmasked(Constraint):
-    """A constraint whose mask is disabled: only the second reader stands guard."""
-
-    def process(self, logits: np.ndarray, history: Sequence[int]) -> None:
-        pass
-
-    def commit(self, token: int) -> None:
-        pass
-
-    def is_accepting(self) -> bool:
-        return True
-
-    def is_stopped(self) -> bool:
-        return True
-
-
 def test_second_reader_catches_what_the_mask_let_through(smol: Model) -> None:
-    c = Constraint.json_schema(Verdict)
-    broken = Unmasked(c.kind, c.grammar, source=c.source, reader=c.reader)
+    from chatkit.cli import _unmasked  # the CLI's test-only no-op variant of a constraint
+
+    broken = _unmasked(Constraint.json_schema(Verdict))
     conv = Conversation(smol)
     with pytest.raises(SchemaViolation) as info:
         conv.send("Tell me a joke.", schema=broken, max_tokens=30)

@@ -140,14 +140,19 @@ def _callable_tools(tools: Sequence[Any]) -> list[Tool]:
     return made
 
 
-def run_agent(conv: Conversation, text: str, tools: Sequence[Any], *, max_steps: int = 8,
-              output: Any = None, **options: Any) -> Reply:
-    """The sync driver (``Conversation.run``)."""
+def _start(text: str, tools: Sequence[Any], max_steps: int, output: Any,
+           options: dict[str, Any]) -> tuple[list[Tool], Generator[_Send | _Execute, Any, Reply]]:
     made = _callable_tools(tools)
     opts = {**options, "tools": made}
     if output is not None:
         opts["schema"] = output
-    steps = agent_steps(text, made, max_steps=max_steps, options=opts)
+    return made, agent_steps(text, made, max_steps=max_steps, options=opts)
+
+
+def run_agent(conv: Conversation, text: str, tools: Sequence[Any], *, max_steps: int = 8,
+              output: Any = None, **options: Any) -> Reply:
+    """The sync driver (``Conversation.run``)."""
+    made, steps = _start(text, tools, max_steps, output, options)
     request = next(steps)
     while True:
         try:
@@ -165,11 +170,7 @@ def run_agent(conv: Conversation, text: str, tools: Sequence[Any], *, max_steps:
 async def arun_agent(conv: Conversation, text: str, tools: Sequence[Any], *,
                      max_steps: int = 8, output: Any = None, **options: Any) -> Reply:
     """The async driver (``Conversation.arun``)."""
-    made = _callable_tools(tools)
-    opts = {**options, "tools": made}
-    if output is not None:
-        opts["schema"] = output
-    steps = agent_steps(text, made, max_steps=max_steps, options=opts)
+    made, steps = _start(text, tools, max_steps, output, options)
     request = next(steps)
     while True:
         try:
