@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-from pydantic import BaseModel
 
 from .constraints import Constraint
 from .decoding import Decoder, FinishReason
@@ -27,7 +26,7 @@ from .errors import InvalidParameter, SchemaViolation, Truncated
 from .messages import Message, Reply, ToolCall, Usage
 from .model import IncrementalDetokenizer, Model
 from .sampling import DraftAwareProcessor, LogitProcessor, Sampler, SamplingParams
-from .schema import SchemaInput, load_schema
+from .schema import SchemaInput, SchemaReader, json_options, load_schema
 from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
 from .templates import ChatTemplate, Segment, tokenize_segments
 from .tools.definition import check_tools
@@ -37,9 +36,6 @@ __all__ = ["Conversation", "ReplyStream"]
 
 NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
 SPEC_K = 4  # draft tokens per verify: 5-row batches stay in the bitwise-equal regime
-_COMPACT: dict[str, Any] = {
-    "whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "lenient": False,
-}
 
 
 # One capacity limiter per model and event loop: async steps on one model run one at a time.
@@ -268,7 +264,6 @@ class _Turn:
         thinking = (constrained and not self.tools and not conv.no_think
                     and template.supports_thinking)
         self.plan = _Plan(None, None, thinking, [], {stop_token, model.eos_id})
-        self.reader_cls: type[BaseModel] | None = None
         if self.tools:
             self.plan.constraint = self._tools_constraint(schema, tool_choice,
                                                           parallel_tool_calls, stop_token)
@@ -327,8 +322,6 @@ class _Turn:
             if not isinstance(doc, dict):
                 raise InvalidParameter("schema", "the output schema must be an object schema")
             out_doc = doc
-            from .schema import SchemaReader
-
             reader = SchemaReader(doc, cls)
         lark = tool_grammar(self.tools, tool_choice, parallel=parallel, output=out_doc)
         model = self.conv.model
@@ -348,14 +341,13 @@ class _Turn:
                 raise InvalidParameter("schema", "thinking needs a schema, not a Constraint")
             return schema.bind(model, stop_token)
         doc, cls = load_schema(schema)
-        self.reader_cls = cls
         if not thinking:
             key = ("schema", json.dumps(doc, sort_keys=True), stop_token)
             proto: Constraint = model.cache(key, lambda: Constraint.json_schema(
                 schema, model=model, stop_token=stop_token))
             return proto.clone()
         embedded: dict[str, Any] = dict(doc) if isinstance(doc, dict) else {"anyOf": [doc]}
-        embedded["x-guidance"] = {**_COMPACT, **embedded.get("x-guidance", {})}
+        embedded["x-guidance"] = {**json_options(), **embedded.get("x-guidance", {})}
         # The think budget leaves at least half of max_tokens to the answer.
         budget = max(1, min(self.conv.think_budget, self.max_tokens // 2))
         lark = (
@@ -365,8 +357,6 @@ class _Turn:
             f"answer[capture]: %json {json.dumps(embedded)}\n"
         )
         made = Constraint.lark(lark, model=model, stop_token=stop_token)
-        from .schema import SchemaReader
-
         made.reader = SchemaReader(doc, cls)
         return made
 

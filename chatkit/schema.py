@@ -27,6 +27,7 @@ __all__ = [
     "Whitespace",
     "close_objects",
     "compile_json_schema",
+    "json_options",
     "keyword_path",
     "load_schema",
 ]
@@ -86,6 +87,14 @@ def close_objects(doc: dict[str, Any]) -> None:
             node.setdefault("additionalProperties", False)
 
 
+def json_options(whitespace: Whitespace = "compact") -> dict[str, Any]:
+    """llguidance JSON compile options: bounded whitespace, unknown keywords refused.
+    Also the ``x-guidance`` block of a schema embedded in a Lark grammar (``%json``)."""
+    item_sep, key_sep = _SEPARATORS[whitespace]
+    return {"whitespace_flexible": False, "item_separator": item_sep,
+            "key_separator": key_sep, "lenient": False}
+
+
 def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = "compact") -> str:
     """Compile a checked schema to an llguidance grammar, refusing what it cannot enforce.
 
@@ -95,13 +104,7 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
     """
     if schema is False:
         raise SchemaInvalid("the schema `false` accepts nothing")
-    item_sep, key_sep = _SEPARATORS[whitespace]
-    options: dict[str, Any] = {
-        "whitespace_flexible": False,
-        "item_separator": item_sep,
-        "key_separator": key_sep,
-        "lenient": False,
-    }
+    options = json_options(whitespace)
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(schema), overrides=options  # type: ignore[arg-type]

@@ -23,14 +23,14 @@ from typing import Any
 
 from ..errors import InvalidParameter, ToolArgumentsInvalid
 from ..messages import ToolCall
+from ..schema import json_options
 from .definition import Tool
 
 __all__ = ["CALL_CLOSE", "CALL_OPEN", "parse_calls", "tool_grammar"]
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
-_COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
-            "lenient": False}
+_COMPACT = json_options()
 _PLAIN = r"PLAIN: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/"
 _CALL_RE = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 _ids = itertools.count(1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Generator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,7 @@ async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> lis
         started = time.perf_counter()
         try:
             fn = t.bind_call(call.parsed)
-            with anyio.fail_after(t.timeout) if t.timeout else _nullcontext():
+            with anyio.fail_after(t.timeout) if t.timeout else nullcontext():
                 if t.is_async:
                     value = await fn()
                 else:
@@ -115,14 +116,6 @@ async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> lis
         for i, call in enumerate(calls):
             tg.start_soon(one, i, call)
     return [r for r in results if r is not None]
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _append_results(conv: Conversation, results: Sequence[ToolResult]) -> None:
