@@ -101,6 +101,9 @@ def _unmasked(c: Any) -> Any:
         def commit(self, token: int) -> None:
             pass
 
+        def allows(self, token: int) -> bool:
+            return True
+
         def is_accepting(self) -> bool:
             return True
 

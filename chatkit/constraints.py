@@ -106,6 +106,9 @@ class Constraint:
         overlaps the model's forward pass (llama.cpp and llguidance release the GIL).
         None (auto): only when the machine has a core llama.cpp's threads leave free;
         on 2 cores with 2 llama threads the overlap measured slower than inline."""
+        self.check_first = True
+        """Greedy selection asks :meth:`allows` about the unmasked argmax before
+        masking the row (exact; see ``Sampler._greedy_checked``). False: mask every step."""
         self._pending: Future[Prepared | None] | None = None
         self._prepared: Prepared | None = None
         self._has_prepared = False
@@ -190,6 +193,7 @@ class Constraint:
             other._mask = np.empty_like(self._mask)
             other._static = self._static
             other.prefetch = self.prefetch
+            other.check_first = self.check_first
             other._schedule()
         return other
 
@@ -244,6 +248,25 @@ class Constraint:
         if prepared is None or m.is_error():
             raise ConstraintError(m.get_error() or "grammar matcher error")
         apply_prepared(logits, prepared)
+
+    def allows(self, token: int) -> bool:
+        """Whether the mask :meth:`process` would apply now lets ``token`` through (pure).
+
+        One llguidance ``validate_tokens`` call (a few us) instead of a full mask:
+        greedy selection asks this about the unmasked argmax first (``check_first``).
+        """
+        m = self._live()
+        if not 0 <= token < self._static.shape[0] * 32:
+            return False
+        if not (int(self._static[token >> 5]) >> (token & 31)) & 1:
+            return False  # padding ids
+        if token == self.stop_token:  # validate_tokens never takes the EOS; the mask does
+            return bool(m.is_accepting())
+        if m.compute_ff_bytes():
+            # Forced bytes: the mask admits only their canonical tokenization, a subset
+            # of what validate_tokens accepts. Say no; the (cheap) mask decides.
+            return False
+        return bool(m.validate_tokens([token]) == 1)
 
     def commit(self, token: int) -> None:
         """Advance the grammar by the selected token. Raises ``ConstraintError`` if refused."""
