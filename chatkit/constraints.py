@@ -112,6 +112,9 @@ class Constraint:
         self._pending: Future[Prepared | None] | None = None
         self._prepared: Prepared | None = None
         self._has_prepared = False
+        # Per grammar state, for allows(): -1 nothing forced, -2 forced bytes without a
+        # whole token, else the first canonical forced token. None: not computed yet.
+        self._forced: int | None = None
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -228,6 +231,8 @@ class Constraint:
         return prepare_bitmask(words, self.model.n_vocab)
 
     def _schedule(self) -> None:
+        """A new grammar state (bind, commit, reset): forget per-state results."""
+        self._forced = None
         self._has_prepared = False
         prefetch = self.prefetch
         if prefetch is None:
@@ -262,10 +267,13 @@ class Constraint:
             return False  # padding ids
         if token == self.stop_token:  # validate_tokens never takes the EOS; the mask does
             return bool(m.is_accepting())
-        if m.compute_ff_bytes():
-            # Forced bytes: the mask admits only their canonical tokenization, a subset
-            # of what validate_tokens accepts. Say no; the (cheap) mask decides.
-            return False
+        if self._forced is None:
+            ff = m.compute_ff_tokens() if m.compute_ff_bytes() else None
+            self._forced = -1 if ff is None else (ff[0] if ff else -2)
+        if self._forced != -1:
+            # Forced bytes: the mask admits their canonical tokenization, a subset of what
+            # validate_tokens accepts. Say yes to its first token only; else the mask decides.
+            return token == self._forced
         return bool(m.validate_tokens([token]) == 1)
 
     def commit(self, token: int) -> None:
