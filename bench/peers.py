@@ -1,9 +1,10 @@
 """Side by side with the peers: chatkit vs llama-cpp-python's GBNF grammars and outlines.
 
-    python3 dev.py bench peers [--schemas N] [--max-tokens N] [--plot PNG]
+    python3 dev.py bench peers [--schemas N] [--max-tokens N] [--reps N] [--plot PNG]
 
 For the fixture schemas, on SmolLM2 (49k vocab) and Gemma-3-270M (262k), greedy,
-same max tokens, one run, all engines in one process on the same GGUF:
+same max tokens, one run, all engines in one process on the same GGUF, the
+schemas x engines loop repeated (default 3 times) and medians reported:
 
 - llama.cpp's raw loop (``llama_decode`` + argmax, nothing else): the limit,
 - llama-cpp-python unconstrained (its high-level completion API),
@@ -35,6 +36,7 @@ import io
 import json
 import os
 import platform
+import statistics
 import time
 from datetime import date
 from pathlib import Path
@@ -201,8 +203,9 @@ def run(key: tuple[str, str], schema: dict[str, Any], prompt: str, max_tokens: i
     return llama_cpp_run(llm, prompt, constrained, max_tokens)
 
 
-def bench_model(path: Path | None, schemas: list[dict[str, Any]], max_tokens: int,
-                threads: int, guard: OutlinesGuard) -> tuple[list[dict[str, Any]], list[str]]:
+def bench_model(path: Path | None, schemas: list[tuple[str, dict[str, Any]]], max_tokens: int,
+                reps: int, threads: int, guard: OutlinesGuard
+                ) -> tuple[list[dict[str, Any]], list[str]]:
     import outlines
 
     t = time.perf_counter()
@@ -221,30 +224,47 @@ def bench_model(path: Path | None, schemas: list[dict[str, Any]], max_tokens: in
         run(key, WARMUP_SCHEMA, warm, 8, model, llm, om, guard)
         setup.setdefault(key[0], 0.0)
         setup[key[0]] += time.perf_counter() - t
-    res: dict[tuple[str, str], list[dict[str, Any]]] = {k: [] for k in KEYS}
-    for schema in schemas:
-        prompt = prompt_text(schema, chat)
-        for key in KEYS:
-            r = run(key, schema, prompt, max_tokens, model, llm, om, guard)
-            r["valid"] = valid(r["text"], schema)
-            res[key].append(r)
-    rates = {k: sum(r["tokens"] for r in v) / sum(r["decode_s"] for r in v)
+    # reps x schemas x engines, interleaved; a rate is total tokens / total decode seconds
+    # over one repetition's schemas, and the table shows medians over repetitions.
+    res: dict[tuple[str, str], list[list[dict[str, Any]]]] = {k: [] for k in KEYS}
+    for _ in range(reps):
+        for runs in res.values():
+            runs.append([])
+        for name, schema in schemas:
+            prompt = prompt_text(schema, chat)
+            for key in KEYS:
+                r = run(key, schema, prompt, max_tokens, model, llm, om, guard)
+                r["valid"] = valid(r["text"], schema)
+                r["cut"] = not r["valid"] and r["tokens"] >= max_tokens
+                r["schema"] = name
+                res[key][-1].append(r)
+    rates = {k: [sum(r["tokens"] for r in rep) / sum(r["decode_s"] for r in rep) for rep in v]
              for k, v in res.items()}
     rows = []
-    for (engine, mode), runs in res.items():
-        ttfts = sorted(r["ttft"] for r in runs)
+    for (engine, mode), reps_runs in res.items():
+        first = reps_runs[0]  # greedy: every repetition writes the same text
+        ttfts = sorted(r["ttft"] for rep in reps_runs for r in rep)
         constrained = mode not in {"unconstrained", "raw decode loop"}
+        base = rates[BASELINE[engine]]
         rows.append({
             "model": model.name, "engine": engine, "mode": mode,
             "ttft_ms": ttfts[len(ttfts) // 2] * 1000,
-            "tok_s": rates[(engine, mode)],
-            "ratio": rates[(engine, mode)] / rates[BASELINE[engine]],
-            "valid": sum(r["valid"] for r in runs) if constrained else None,
-            "n": len(runs),
-            "unmasked": sum(not r.get("constrained", True) for r in runs),
+            "tok_s": statistics.median(rates[(engine, mode)]),
+            "ratio": statistics.median(a / b for a, b in zip(rates[(engine, mode)], base,
+                                                             strict=True)),
+            "valid": sum(r["valid"] for r in first) if constrained else None,
+            "n": len(first),
+            "unmasked": sum(not r.get("constrained", True) for rep in reps_runs for r in rep),
+            "cut": sum(r["cut"] for r in first),
         })
     notes = [f"{model.name}: one-time set-up (warm-up call incl. model-specific tables/JIT): "
              + ", ".join(f"{k} {v:.2f} s" for k, v in setup.items())]
+    for (engine, mode), reps_runs in res.items():
+        wrong = [f"{r['schema']}: {r['text'][:70]!r}" for r in reps_runs[0]
+                 if mode not in {"unconstrained", "raw decode loop"}
+                 and not r["valid"] and not r["cut"]]
+        if wrong:
+            notes.append(f"  {engine} {mode}: complete but invalid: " + "; ".join(wrong))
     llm.close()
     model.close()
     return rows, notes
@@ -257,6 +277,8 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         ttft = "-" if r["ttft_ms"] != r["ttft_ms"] else f"{r['ttft_ms']:.0f} ms"
         ok = "-" if r["valid"] is None else f"{r['valid']}/{r['n']}"
+        if r["valid"] is not None and r["cut"]:
+            ok += f" ({r['cut']} cut at max tokens)"
         if r["unmasked"]:
             ok += f" (NOT CONSTRAINED on {r['unmasked']} runs)"
         out.append(f"| {r['model']} | {r['engine']} | {r['mode']} | {ttft} "
@@ -295,6 +317,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--schemas", type=int, default=len(SCHEMAS))
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "peers.png")
     args = ap.parse_args()
     try:
@@ -304,20 +327,20 @@ def main() -> None:
     except ImportError as exc:
         raise SystemExit(f"bench peers needs the bench extra ({exc}); "
                          "run it as `python3 dev.py bench peers`") from exc
-    schemas = [json.loads(p.read_text()) for p in SCHEMAS[: args.schemas]]
+    schemas = [(p.stem, json.loads(p.read_text())) for p in SCHEMAS[: args.schemas]]
     threads = os.cpu_count() or 2
     guard = OutlinesGuard()
     title = (f"{date.today()}, {platform.machine()}, {threads} cores; greedy, "
-             f"{len(schemas)} fixture schemas, max {args.max_tokens} tokens; "
+             f"{len(schemas)} fixture schemas x {args.reps} reps, max {args.max_tokens} tokens; "
              f"llama-cpp-python {llama_cpp.__version__}, "
              f"outlines {importlib.metadata.version('outlines')}")
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     for path in (None, gemma_path()):
-        r, n = bench_model(path, schemas, args.max_tokens, threads, guard)
+        r, n = bench_model(path, schemas, args.max_tokens, args.reps, threads, guard)
         rows += r
         notes += n
-    print(title + "; sums over the schemas")
+    print(title + "; tok/s = median over reps of (tokens / decode seconds, all schemas)")
     print("\n".join(markdown(rows)))
     print("\n".join(notes))
     plot(rows, args.plot, title)
