@@ -8,7 +8,9 @@ plain, (b) constrained plain, (c) constrained + ConstrainedSource (grammar
 forced spans, else prompt lookup), (d) unconstrained + prompt lookup. Reported:
 tokens per forward pass (generated tokens / llama_decode calls after the
 prompt), acceptance rate of drafted tokens, output tokens/s, and whether (c)'s
-output is byte-identical to (b)'s.
+output is byte-identical to (b)'s. (e) and (f) repeat (c) and (d) with the
+CostGate that ``send(speculative=True)`` uses: it times verify and plain steps
+and stops drafting for a while when verifying measures slower.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from chatkit import Constraint, Model, Sampler, generate
-from chatkit.speculative import ConstrainedSource, PromptLookupSource
+from chatkit.speculative import ConstrainedSource, CostGate, PromptLookupSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
@@ -48,7 +50,7 @@ def prompt_ids(model: Model, schema: dict[str, Any]) -> list[int]:
 
 
 def run(model: Model, prompt: list[int], schema: dict[str, Any] | None, spec: bool,
-        max_tokens: int) -> dict[str, Any]:
+        max_tokens: int, gated: bool = False) -> dict[str, Any]:
     c = Constraint.json_schema(schema, model=model) if schema is not None else None
     source: Any = None
     if spec:
@@ -59,7 +61,7 @@ def run(model: Model, prompt: list[int], schema: dict[str, Any] | None, spec: bo
     calls = model.stats.decode_calls
     t0 = time.perf_counter()
     gen = generate(model, prompt, Sampler(processor=c), max_tokens=max_tokens,
-                   reuse=len(prompt) - 1, draft=source)
+                   reuse=len(prompt) - 1, draft=source, gate=CostGate() if gated else None)
     seconds = time.perf_counter() - t0
     passes = model.stats.decode_calls - calls
     return {"tokens": len(gen.tokens), "passes": passes, "seconds": seconds, "text": gen.text,
@@ -109,12 +111,12 @@ def main() -> None:
     print(f"{date.today()}, greedy, {len(SCHEMAS)} fixture schemas, max {args.max_tokens} "
           "tokens, prompt cached; totals over the schemas")
     print("| model | mode | tokens | forward passes | tokens/pass | draft acceptance "
-          "| output tok/s | vs (a) | (c) == (b) |")
+          "| output tok/s | vs (a) | (c), (e) == (b) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path in (None, gemma_path()):
         model = Model.load(path, n_ctx=2048, n_seq_max=1)
         totals: dict[str, dict[str, float]] = {}
-        identical = True
+        identical = {"(c)": True, "(e)": True}
         divergences: list[str] = []
         for schema_path in SCHEMAS:
             schema = json.loads(schema_path.read_text())
@@ -126,10 +128,16 @@ def main() -> None:
                                                         args.max_tokens),
                 "(d) unconstrained + prompt lookup": run(model, prompt, None, True,
                                                          args.max_tokens),
+                "(e) = (c) + learned CostGate": run(model, prompt, schema, True,
+                                                    args.max_tokens, gated=True),
+                "(f) = (d) + learned CostGate": run(model, prompt, None, True,
+                                                    args.max_tokens, gated=True),
             }
             spec_text = rows["(c) constrained + grammar drafts"]["text"]
+            if rows["(e) = (c) + learned CostGate"]["text"] != rows["(b) constrained"]["text"]:
+                identical["(e)"] = False
             if spec_text != rows["(b) constrained"]["text"]:
-                identical = False
+                identical["(c)"] = False
                 divergences.append(near_tie(model, prompt, schema, rows, schema_path.stem,
                                             args.max_tokens))
             for mode, r in rows.items():
@@ -140,7 +148,7 @@ def main() -> None:
         base = totals["(a) unconstrained"]["tokens"] / totals["(a) unconstrained"]["seconds"]
         for mode, t in totals.items():
             rate = t["tokens"] / t["seconds"]
-            same = ("yes" if identical else "NO") if mode.startswith("(c)") else ""
+            same = ("yes" if identical[mode[:3]] else "NO") if mode[:3] in identical else ""
             acc = f"{t['accepted'] / t['drafted']:.0%}" if t["drafted"] else "-"
             print(f"| {model.name} | {mode} | {t['tokens']:.0f} | {t['passes']:.0f} "
                   f"| {t['tokens'] / t['passes']:.2f} | {acc} | {rate:.1f} | {rate / base:.2f}x "

@@ -11,6 +11,7 @@ prompt, so each turn evaluates only the new suffix.
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -390,9 +391,11 @@ class _Turn:
         k = min(SPEC_K, self.max_tokens - len(d.tokens) - 1)
         draft = self.spec.propose(d.history, k) if k > 0 and self.gate.allow() else []
         before = d.accepted
+        started = time.perf_counter()
         toks = d.spec_step(draft)
+        self.gate.record(len(draft), d.accepted - before,
+                         seconds=time.perf_counter() - started, tokens=len(toks))
         if draft:
-            self.gate.record(len(draft), d.accepted - before)
             if d.accepted - before < len(draft):
                 self.spec.truncated(len(draft) - (d.accepted - before))
         out = ""

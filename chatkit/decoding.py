@@ -20,7 +20,7 @@ from .model import SAFE_PREFILL_CHUNK, Model, SeqChunk
 from .sampling import Logits, Sampler
 
 if TYPE_CHECKING:
-    from .speculative import DraftSource
+    from .speculative import CostGate, DraftSource
 
 __all__ = ["Decoder", "FinishReason", "Generation", "generate"]
 
@@ -241,11 +241,14 @@ def generate(
     prefill_chunk: int = SAFE_PREFILL_CHUNK,
     draft: DraftSource | None = None,
     draft_k: int = 4,
+    gate: CostGate | None = None,
 ) -> Generation:
     """Decode one reply for ``prompt`` in KV sequence ``seq_id`` (the sync driver).
 
     With ``draft`` (a ``chatkit.speculative.DraftSource``), each step verifies up to
     ``draft_k`` proposed tokens in one batched decode; the output is the same.
+    ``gate`` (a ``chatkit.speculative.CostGate``, as ``send(speculative=True)`` uses)
+    skips drafting while verify steps measure slower than plain ones.
 
     ``stop_ids`` default to the model's EOS and end-of-turn ids. Raises
     ``AllTokensMasked``/``ConstraintError`` from the sampler and
@@ -259,9 +262,14 @@ def generate(
             dec.step()
             continue
         k = min(draft_k, max_tokens - len(dec.tokens) - 1)
-        proposal = draft.propose(dec.history, k) if k > 0 else []
+        allowed = k > 0 and (gate is None or gate.allow())
+        proposal = draft.propose(dec.history, k) if allowed else []
         before = dec.accepted
-        dec.spec_step(proposal)
+        started = time.perf_counter()
+        toks = dec.spec_step(proposal)
+        if gate is not None:
+            gate.record(len(proposal), dec.accepted - before,
+                        seconds=time.perf_counter() - started, tokens=len(toks))
         rejected = len(proposal) - (dec.accepted - before)
         if proposal and rejected:
             draft.truncated(rejected)

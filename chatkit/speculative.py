@@ -87,13 +87,22 @@ class ConstrainedSource:
 
 
 class CostGate:
-    """Speculate only while it pays: track accepted tokens per verify and switch off
-    for ``pause`` steps when the expected gain is below the batch's extra cost."""
+    """Speculate only while it pays; switch off for ``pause`` steps when it does not.
+
+    With step timings (``record(..., seconds=, tokens=)``), "pays" is measured: the
+    recent tokens/s of verify steps against that of plain steps (steps without a
+    draft: nothing proposed, or the gate off), both as moving averages, so the gate
+    learns what a verify batch really costs on this machine. Until both rates are
+    known it uses the cost model: a verify of d drafts yields 1 + acceptance*d tokens
+    and costs 1 + per_token_cost*d single passes.
+    """
 
     def __init__(self, per_token_cost: float = 0.43, pause: int = 8) -> None:
         self.per_token_cost = per_token_cost
         self.pause = pause
         self.acceptance = 1.0  # optimistic start: try speculation first
+        self.plain_rate: float | None = None  # tokens/s, moving average
+        self.spec_rate: float | None = None
         self._off_for = 0
 
     def allow(self) -> bool:
@@ -102,12 +111,25 @@ class CostGate:
             return False
         return True
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, *, seconds: float | None = None,
+               tokens: int | None = None) -> None:
+        """One step: ``drafted`` tokens verified, ``accepted`` of them kept; optionally the
+        step's wall time and the tokens it produced."""
+        rate = tokens / seconds if seconds and tokens else None
         if drafted <= 0:
+            if rate is not None:
+                self.plain_rate = _ema(self.plain_rate, rate)
             return
         self.acceptance = 0.7 * self.acceptance + 0.3 * (accepted / drafted)
-        # tokens gained per verify vs its cost, both in single-step units
-        gain = 1.0 + self.acceptance * drafted
-        cost = 1.0 + self.per_token_cost * drafted
-        if gain < cost:
+        if rate is not None:
+            self.spec_rate = _ema(self.spec_rate, rate)
+        if self.plain_rate is not None and self.spec_rate is not None:
+            pays = self.spec_rate >= self.plain_rate
+        else:  # tokens gained per verify vs its cost, both in single-step units
+            pays = 1.0 + self.acceptance * drafted >= 1.0 + self.per_token_cost * drafted
+        if not pays:
             self._off_for = self.pause
+
+
+def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new

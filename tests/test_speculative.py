@@ -203,6 +203,23 @@ def test_cost_gate_switches_off_and_back_on() -> None:
     assert all(good.allow() for _ in range(5))
 
 
+def test_cost_gate_learns_from_step_timings() -> None:
+    # Accepting everything, which the cost model calls a win: measured slower, it stops.
+    slow = CostGate(pause=3)
+    slow.record(0, 0, seconds=0.010, tokens=1)  # plain: 100 tok/s
+    for _ in range(3):
+        slow.record(4, 4, seconds=0.080, tokens=5)  # verify: 62 tok/s
+    assert [slow.allow() for _ in range(4)] == [False, False, False, True]
+    # Accepting half, which the model at a high per-row cost calls a loss: measured
+    # faster, it keeps speculating.
+    fast = CostGate(per_token_cost=0.9, pause=3)
+    fast.record(0, 0, seconds=0.010, tokens=1)
+    for _ in range(3):
+        fast.record(4, 2, seconds=0.015, tokens=3)  # 200 tok/s
+    assert all(fast.allow() for _ in range(5))
+    assert fast.plain_rate == pytest.approx(100) and fast.spec_rate == pytest.approx(200)
+
+
 def test_conversation_speculative_equals_plain(smol: Model) -> None:
     from chatkit import Conversation
     from tests.test_conversation import Verdict
