@@ -49,25 +49,68 @@ def _greedy(model: Model, schema: dict[str, Any], check_first: bool,
     return g.tokens, g.finish_reason or "", masks
 
 
+def _assert_within_mask(model: Model, c: Constraint, tokens: list[int]) -> None:
+    """Replays ``tokens`` through ``c``; at each state asks ``allows`` about every token."""
+    vocab = np.arange(model.n_vocab)
+    admitted = 0
+    for i, tok in enumerate(tokens):
+        words = c._fill()
+        assert words is not None
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: model.n_vocab]
+        allowed = np.fromiter((c.allows(int(t)) for t in vocab), dtype=bool)
+        over = np.flatnonzero(allowed & ~bits.astype(bool))
+        assert over.size == 0, f"allows() admits masked tokens {over[:5]} at step {i}"
+        assert allowed[c.stop_token] == bool(bits[c.stop_token])
+        admitted += int(allowed.sum())
+        c.commit(tok)  # still accepted: asking about every token did not move the matcher
+    assert admitted > 0  # the check is not vacuous: allows() said yes somewhere
+
+
 @pytest.mark.parametrize("name", EXHAUSTIVE)
 def test_allows_never_exceeds_the_mask(any_model: Model, name: str) -> None:
     schema = _schema(name)
     states = 12 if any_model.n_vocab < 100_000 else 9  # ~0.4 s per state at 262k
     tokens, _, _ = _greedy(any_model, schema, check_first=False, max_tokens=states)
-    c = Constraint.json_schema(schema, model=any_model)
-    vocab = np.arange(any_model.n_vocab)
-    admitted = 0
-    for tok in tokens:
-        words = c._fill()
-        assert words is not None
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: any_model.n_vocab]
-        allowed = np.fromiter((c.allows(int(t)) for t in vocab), dtype=bool)
-        over = np.flatnonzero(allowed & ~bits.astype(bool))
-        assert over.size == 0, f"allows() admits masked tokens {over[:5]} at {tokens.index(tok)}"
-        assert allowed[c.stop_token] == bool(bits[c.stop_token])
-        admitted += int(allowed.sum())
-        c.commit(tok)  # still accepted: asking about every token did not move the matcher
-    assert admitted > 0  # the check is not vacuous: allows() said yes somewhere
+    _assert_within_mask(any_model, Constraint.json_schema(schema, model=any_model), tokens)
+
+
+def _think_grammar() -> str:
+    # The shape Conversation builds for a thinking reply under a schema: a lazy lexeme
+    # with a stop string and a token budget, then JSON.
+    answer = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                         "required": ["ok"]})
+    return ('start: think close answer\n'
+            'close: "\\n\\n" | "</think>\\n\\n"\n'
+            'think[capture, stop="</think>", max_tokens=12]: /(?s:.*)/\n'
+            f"answer[capture]: %json {answer}\n")
+
+
+def _tools_grammar() -> str:
+    from chatkit.tools import tool
+    from chatkit.tools.definition import check_tools
+    from chatkit.tools.grammar import tool_grammar
+
+    @tool
+    def get_weather(city: str, unit: str = "c") -> str:
+        """Weather now.
+
+        Args:
+            city: the city
+            unit: c or f
+        """
+        return "sunny"
+
+    return tool_grammar(check_tools([get_weather]), "required", parallel=True)
+
+
+@pytest.mark.parametrize("make", [_think_grammar, _tools_grammar], ids=["think", "tools"])
+def test_allows_never_exceeds_the_mask_lark(smol: Model, make: Any) -> None:
+    grammar = make()
+    full = Constraint.lark(grammar, model=smol)
+    full.check_first = False
+    g = generate(smol, chat_prompt(smol, "What is the weather in Paris? Think first."),
+                 Sampler(processor=full), max_tokens=32)
+    _assert_within_mask(smol, Constraint.lark(grammar, model=smol), g.tokens)
 
 
 def test_stop_token_allowed_exactly_when_complete(any_model: Model) -> None:
