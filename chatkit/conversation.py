@@ -11,7 +11,6 @@ prompt, so each turn evaluates only the new suffix.
 from __future__ import annotations
 
 import json
-import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -388,16 +387,7 @@ class _Turn:
         assert d is not None
         if self.spec is None:
             return self._emit(d.step())
-        k = min(SPEC_K, self.max_tokens - len(d.tokens) - 1)
-        draft = self.spec.propose(d.history, k) if k > 0 and self.gate.allow() else []
-        before = d.accepted
-        started = time.perf_counter()
-        toks = d.spec_step(draft)
-        self.gate.record(len(draft), d.accepted - before,
-                         seconds=time.perf_counter() - started, tokens=len(toks))
-        if draft:
-            if d.accepted - before < len(draft):
-                self.spec.truncated(len(draft) - (d.accepted - before))
+        toks = d.speculate(self.spec, SPEC_K, self.gate)
         out = ""
         for tok in toks:
             if self._cut:

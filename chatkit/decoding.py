@@ -188,6 +188,24 @@ class Decoder:
                 self.model.seq_rm(self.seq_id, keep, -1)
         return out
 
+    def speculate(self, source: DraftSource, k: int, gate: CostGate | None = None) -> list[int]:
+        """One speculative step: up to ``k`` tokens proposed by ``source`` (none while
+        ``gate`` says no), verified by :meth:`spec_step`; the source hears how many were
+        rejected, the gate how long the step took. Returns the tokens sampled."""
+        k = min(k, self.max_tokens - len(self.tokens) - 1)
+        draft = source.propose(self.history, k) if k > 0 and (gate is None or gate.allow()) \
+            else []
+        before = self.accepted
+        started = time.perf_counter()
+        toks = self.spec_step(draft)
+        accepted = self.accepted - before
+        if gate is not None:
+            gate.record(len(draft), accepted, seconds=time.perf_counter() - started,
+                        tokens=len(toks))
+        if accepted < len(draft):
+            source.truncated(len(draft) - accepted)
+        return toks
+
     def _take(self, row: Logits) -> int | None:
         tok = self.sampler.next(row, self.history)
         if tok in self.stops:
@@ -261,18 +279,7 @@ def generate(
         if draft is None:
             dec.step()
             continue
-        k = min(draft_k, max_tokens - len(dec.tokens) - 1)
-        allowed = k > 0 and (gate is None or gate.allow())
-        proposal = draft.propose(dec.history, k) if allowed else []
-        before = dec.accepted
-        started = time.perf_counter()
-        toks = dec.spec_step(proposal)
-        if gate is not None:
-            gate.record(len(proposal), dec.accepted - before,
-                        seconds=time.perf_counter() - started, tokens=len(toks))
-        rejected = len(proposal) - (dec.accepted - before)
-        if proposal and rejected:
-            draft.truncated(rejected)
+        dec.speculate(draft, draft_k, gate)
     return dec.result()
 
 
