@@ -22,11 +22,10 @@ from typing import Any
 
 import jsonschema
 
-from chatkit import ChatkitError, Conversation, Model
-from chatkit.tools import Tool
+from chatkit import ChatkitError, Conversation, Model, Tool
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT.parent / "shared" / "corpora" / "bfcl"
+CORPUS = ROOT / "bench" / "corpora" / "bfcl"
 CATEGORIES = ["simple_python", "multiple"]
 _TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
 
@@ -152,7 +151,7 @@ def main() -> None:
             rows.append((category, "chatkit (grammar)" if constrained else
                          "same model, unconstrained", n, rate, time.perf_counter() - t0))
     print(f"{date.today()}, SmolLM2-135M-Instruct Q4_1, greedy, first {args.limit} cases "
-          "per category")
+          "per category; corpora from bench/corpora")
     print("| category | mode | cases | parse rate | valid name | argument schema valid "
           "| AST accuracy | seconds |")
     print("|---|---|---|---|---|---|---|---|")

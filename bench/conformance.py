@@ -29,7 +29,7 @@ import numpy as np
 from chatkit import ChatkitError, Constraint, Model
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPORA = ROOT.parent / "shared" / "corpora"
+CORPORA = ROOT / "bench" / "corpora"
 
 
 def compact(value: Any) -> str:
@@ -190,11 +190,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--suite", action="store_true")
     ap.add_argument("--maskbench", action="store_true")
-    ap.add_argument("--limit", type=int, default=400, help="maskbench schemas")
+    ap.add_argument("--limit", type=int, default=400,
+                    help="maskbench schemas (only the first 400, as sorted, are copied into\n"
+                         "bench/corpora/maskbench-dev: a larger value reads no more)")
     args = ap.parse_args()
     both = not (args.suite or args.maskbench)
     model = Model.load(n_ctx=256, n_seq_max=1)
-    print(f"{date.today()}, SmolLM2-135M tokenizer, compact JSON serialisation")
+    print(f"{date.today()}, SmolLM2-135M tokenizer, compact JSON serialisation; "
+          "corpora from bench/corpora")
     if args.suite or both:
         print("\n".join(suite(model)))
         print()
