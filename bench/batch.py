@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from chatkit import Conversation, Model, SamplingParams, send_batch
-from chatkit.model import SeqChunk
+from chatkit import Conversation, Model, SamplingParams, SeqChunk, send_batch
 
 SCHEMA = {
     "type": "object",

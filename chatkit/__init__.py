@@ -1,6 +1,9 @@
 """chatkit: chat with local GGUF models where structure is guaranteed by construction.
 
-The public names live here; each concept has its own module.
+The public names live here; each concept has its own module. Everything but the
+errors is imported on first use, so ``chatkit run`` can refuse a bad schema
+before llama.cpp loads. ``tests/test_exports.py`` checks that every name a module
+lists in its ``__all__`` is exported here, and nothing else.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -29,42 +32,84 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .batch import asend_batch, send_batch
+    from .agent import ToolResult, execute_calls
+    from .batch import BatchItem, asend_batch, send_batch
     from .constraints import Constraint
-    from .conversation import Conversation, ReplyStream
-    from .decoding import FinishReason, Generation, generate
-    from .messages import Message, Reply, ToolCall, Usage
-    from .model import Model, SeqChunk
-    from .quorum import QuorumResult, quorum
-    from .sampling import DraftAwareProcessor, LogitProcessor, Sampler, SamplingParams
-    from .schema import SchemaReader
+    from .conversation import AsyncReplyStream, Conversation, ReplyStream
+    from .decoding import Generation, generate
+    from .engine import (
+        GenerateEngine,
+        GenerateRequest,
+        GenerateResult,
+        SeqChunk,
+        StepEngine,
+        Vocabulary,
+    )
+    from .messages import FinishReason, Message, Reply, Role, ToolCall, Usage
+    from .model import Model
+    from .quorum import QuorumOptions, QuorumResult, aquorum, quorum
+    from .sampling import (
+        CheckingProcessor,
+        DraftAwareProcessor,
+        GrammarProcessor,
+        LogitProcessor,
+        Sampler,
+        SamplingParams,
+    )
+    from .schema import SchemaInput, SchemaReader
+    from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
     from .templates import ChatTemplate, Segment
+    from .tools import ModelRetry, Tool, ToolDefinition, tool
+    from .turn import TurnOptions
 
-# Imported on first use, so `chatkit run` can refuse a bad schema before llama.cpp loads.
 _LAZY = {
-    "send_batch": "batch",
+    "ToolResult": "agent",
+    "execute_calls": "agent",
+    "BatchItem": "batch",
     "asend_batch": "batch",
-    "quorum": "quorum",
-    "QuorumResult": "quorum",
+    "send_batch": "batch",
     "Constraint": "constraints",
+    "AsyncReplyStream": "conversation",
     "Conversation": "conversation",
     "ReplyStream": "conversation",
-    "FinishReason": "decoding",
     "Generation": "decoding",
     "generate": "decoding",
+    "GenerateEngine": "engine",
+    "GenerateRequest": "engine",
+    "GenerateResult": "engine",
+    "SeqChunk": "engine",
+    "StepEngine": "engine",
+    "Vocabulary": "engine",
+    "FinishReason": "messages",
     "Message": "messages",
     "Reply": "messages",
+    "Role": "messages",
     "ToolCall": "messages",
     "Usage": "messages",
     "Model": "model",
-    "SeqChunk": "model",
+    "QuorumOptions": "quorum",
+    "QuorumResult": "quorum",
+    "aquorum": "quorum",
+    "quorum": "quorum",
+    "CheckingProcessor": "sampling",
     "DraftAwareProcessor": "sampling",
+    "GrammarProcessor": "sampling",
     "LogitProcessor": "sampling",
     "Sampler": "sampling",
     "SamplingParams": "sampling",
+    "SchemaInput": "schema",
     "SchemaReader": "schema",
+    "ConstrainedSource": "speculative",
+    "CostGate": "speculative",
+    "DraftSource": "speculative",
+    "PromptLookupSource": "speculative",
     "ChatTemplate": "templates",
     "Segment": "templates",
+    "ModelRetry": "tools",
+    "Tool": "tools",
+    "ToolDefinition": "tools",
+    "tool": "tools",
+    "TurnOptions": "turn",
 }
 
 
@@ -74,26 +119,44 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'chatkit' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+    loaded = importlib.import_module(f".{module}", __name__)
+    # Bind every name of that module now: importing ``chatkit.quorum`` also sets the
+    # package attribute ``quorum`` to the submodule, which the function must replace.
+    for other, where in _LAZY.items():
+        if where == module:
+            globals()[other] = getattr(loaded, other)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AllTokensMasked",
+    "AsyncReplyStream",
+    "BatchItem",
     "ChatTemplate",
     "ChatkitError",
+    "CheckingProcessor",
+    "ConstrainedSource",
     "Constraint",
     "ConstraintError",
     "Conversation",
+    "CostGate",
     "DecodeError",
     "DraftAwareProcessor",
+    "DraftSource",
     "FinishReason",
+    "GenerateEngine",
+    "GenerateRequest",
+    "GenerateResult",
     "Generation",
     "GenerationError",
     "GrammarInvalid",
+    "GrammarProcessor",
     "InvalidParameter",
     "LogitProcessor",
     "MaxStepsExceeded",
@@ -102,11 +165,16 @@ __all__ = [
     "ModelError",
     "ModelLoadError",
     "ModelNotFound",
+    "ModelRetry",
+    "PromptLookupSource",
+    "QuorumOptions",
     "QuorumResult",
     "Reply",
     "ReplyStream",
+    "Role",
     "Sampler",
     "SamplingParams",
+    "SchemaInput",
     "SchemaInvalid",
     "SchemaReader",
     "SchemaUnsupported",
@@ -114,16 +182,25 @@ __all__ = [
     "Segment",
     "SeqChunk",
     "SharedProcessorError",
+    "StepEngine",
     "TemplateError",
+    "Tool",
     "ToolArgumentsInvalid",
     "ToolCall",
+    "ToolDefinition",
     "ToolDefinitionError",
+    "ToolResult",
     "Truncated",
+    "TurnOptions",
     "Usage",
     "UserError",
+    "Vocabulary",
     "__version__",
+    "aquorum",
     "asend_batch",
+    "execute_calls",
     "generate",
     "quorum",
     "send_batch",
+    "tool",
 ]

@@ -1,8 +1,11 @@
-"""The agent loop: send, run the called tools, feed their results back, repeat.
+"""The agent loop behind ``Conversation.run``/``arun``: send, run the called tools,
+feed their results back, repeat.
 
 Written once as a generator (:func:`agent_steps`) that yields requests (a
 model turn, or a batch of tool calls to execute) and receives their results;
-a sync driver and an async driver run it (the httpx ``_auth.py`` shape).
+a sync driver and an async driver run it (the httpx ``_auth.py`` shape). The
+drivers take the conversation's turn as a callable, so this module does not
+import the conversation (one-way layers: conversation -> agent -> tools).
 Tools execute concurrently under anyio: async tools as tasks, sync tools in
 worker threads, each under its timeout. A tool that raises becomes an error
 ``<tool_response>`` the model sees; ``ModelRetry`` asks for a corrected call.
@@ -12,23 +15,28 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
 from pydantic import BaseModel
 
-from ..errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError
-from ..messages import Message, Reply, ToolCall
-from .definition import ModelRetry, Tool, check_tools
+from .concurrency import run_coroutine_sync
+from .errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError
+from .messages import Reply, ToolCall
+from .tools.definition import ModelRetry, Tool, check_tools
+from .turn import SchemaArg, TurnOptions
 
-if TYPE_CHECKING:
-    from ..conversation import Conversation
+__all__ = ["ToolResult", "execute_calls"]
 
-__all__ = ["ToolResult", "agent_steps", "execute_calls", "run_agent"]
+SendTurn = Callable[[str | None, SchemaArg, TurnOptions], Reply[Any]]
+"""One model turn: (new user text or None to continue, schema, options) -> Reply."""
+ASendTurn = Callable[[str | None, SchemaArg, TurnOptions], Awaitable[Reply[Any]]]
+Record = Callable[[Sequence["ToolResult"]], None]
+"""Appends tool results to the conversation."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,8 @@ class ToolResult:
 @dataclass(frozen=True)
 class _Send:
     text: str | None
-    options: dict[str, Any]
+    schema: SchemaArg
+    options: TurnOptions
 
 
 @dataclass(frozen=True)
@@ -56,15 +65,15 @@ class _Execute:
     calls: list[ToolCall]
 
 
-def agent_steps(text: str, tools: Sequence[Tool], *, max_steps: int,
-                options: dict[str, Any]) -> Generator[_Send | _Execute, Any, Reply]:
+def agent_steps(text: str, *, max_steps: int, schema: SchemaArg,
+                options: TurnOptions) -> Generator[_Send | _Execute, Any, Reply[Any]]:
     """The loop's logic: yields requests, receives a Reply or a list of ToolResults."""
     if max_steps < 1:
         raise InvalidParameter("max_steps", f"must be >= 1, got {max_steps}")
     transcript: list[Any] = []
     message: str | None = text
     for _ in range(max_steps):
-        reply: Reply = yield _Send(message, options)
+        reply: Reply[Any] = yield _Send(message, schema, options)
         transcript.append(reply)
         if not reply.tool_calls:
             return reply
@@ -74,7 +83,7 @@ def agent_steps(text: str, tools: Sequence[Tool], *, max_steps: int,
         if options.get("tool_choice") not in (None, "none"):
             # As the OpenAI Agents SDK's reset_tool_choice: a forced choice applies to the
             # first call only, else "required" would loop until max_steps.
-            options = {**options, "tool_choice": "auto"}
+            options = TurnOptions(**{**options, "tool_choice": "auto"})
     raise MaxStepsExceeded(max_steps, transcript)
 
 
@@ -118,12 +127,6 @@ async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> lis
     return [r for r in results if r is not None]
 
 
-def _append_results(conv: Conversation, results: Sequence[ToolResult]) -> None:
-    for r in results:
-        conv.messages.append(Message("tool", r.content, tool_call_id=r.call.id,
-                                     name=r.call.name))
-
-
 def _callable_tools(tools: Sequence[Any]) -> list[Tool]:
     made = check_tools(tools)
     for t in made:
@@ -133,46 +136,43 @@ def _callable_tools(tools: Sequence[Any]) -> list[Tool]:
     return made
 
 
-def _start(text: str, tools: Sequence[Any], max_steps: int, output: Any,
-           options: dict[str, Any]) -> tuple[list[Tool], Generator[_Send | _Execute, Any, Reply]]:
+def _start(text: str, tools: Sequence[Any], max_steps: int, schema: SchemaArg,
+           options: TurnOptions) -> tuple[list[Tool], Generator[_Send | _Execute, Any, Reply[Any]]]:
     made = _callable_tools(tools)
-    opts = {**options, "tools": made}
-    if output is not None:
-        opts["schema"] = output
-    return made, agent_steps(text, made, max_steps=max_steps, options=opts)
+    opts = TurnOptions(**{**options, "tools": made})
+    return made, agent_steps(text, max_steps=max_steps, schema=schema, options=opts)
 
 
-def run_agent(conv: Conversation, text: str, tools: Sequence[Any], *, max_steps: int = 8,
-              output: Any = None, **options: Any) -> Reply:
-    """The sync driver (``Conversation.run``)."""
-    made, steps = _start(text, tools, max_steps, output, options)
+def run_agent(send: SendTurn, record: Record, text: str, tools: Sequence[Any], *,
+              max_steps: int, schema: SchemaArg, options: TurnOptions) -> Reply[Any]:
+    """The sync driver (``Conversation.run``). Tools run on an event loop of their own,
+    so this works from a thread whose event loop is running too."""
+    made, steps = _start(text, tools, max_steps, schema, options)
     request = next(steps)
     while True:
         try:
             if isinstance(request, _Send):
-                reply = conv._send_turn(request.text, request.options)
-                request = steps.send(reply)
+                request = steps.send(send(request.text, request.schema, request.options))
             else:
-                results = anyio.run(execute_calls, request.calls, made)
-                _append_results(conv, results)
+                results = run_coroutine_sync(execute_calls, request.calls, made)
+                record(results)
                 request = steps.send(results)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
 
-async def arun_agent(conv: Conversation, text: str, tools: Sequence[Any], *,
-                     max_steps: int = 8, output: Any = None, **options: Any) -> Reply:
+async def arun_agent(send: ASendTurn, record: Record, text: str, tools: Sequence[Any], *,
+                     max_steps: int, schema: SchemaArg, options: TurnOptions) -> Reply[Any]:
     """The async driver (``Conversation.arun``)."""
-    made, steps = _start(text, tools, max_steps, output, options)
+    made, steps = _start(text, tools, max_steps, schema, options)
     request = next(steps)
     while True:
         try:
             if isinstance(request, _Send):
-                reply = await conv._asend_turn(request.text, request.options)
-                request = steps.send(reply)
+                request = steps.send(await send(request.text, request.schema, request.options))
             else:
                 results = await execute_calls(request.calls, made)
-                _append_results(conv, results)
+                record(results)
                 request = steps.send(results)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]

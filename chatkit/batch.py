@@ -13,49 +13,93 @@ one-at-a-time evaluation, so a batched reply equals the reply sent alone.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Unpack, overload
 
-import anyio.to_thread
-
+from .concurrency import engine_limiter
 from .constraints import Constraint
-from .conversation import Conversation, _common_prefix, _Turn
+from .conversation import Conversation
+from .engine import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
 from .errors import ChatkitError, InvalidParameter, SharedProcessorError
 from .messages import Reply
-from .model import SAFE_PREFILL_CHUNK, Model, SeqChunk
+from .sampling import LogitProcessor
+from .turn import SchemaArg, Turn, TurnOptions, check_options, common_prefix
 
 __all__ = ["BatchItem", "asend_batch", "send_batch"]
 
-BatchItem = tuple[Conversation, str] | tuple[Conversation, str, dict[str, Any]]
+BatchItem = tuple[Conversation, str] | tuple[Conversation, str, Mapping[str, Any]]
+"""``(conversation, message)`` or ``(conversation, message, per-item options)``; the
+per-item options may include ``schema``."""
 
 # A shared prompt prefix shorter than this is evaluated per sequence (copying costs more).
 MIN_SHARED_PREFIX = 8
 
 
-def send_batch(
-    items: Sequence[BatchItem],
-    *,
-    return_exceptions: bool = False,
-    **options: Any,
-) -> list[Any]:
+@overload
+def send_batch(items: Sequence[BatchItem], *, return_exceptions: Literal[False] = False,
+               schema: SchemaArg = None, **options: Unpack[TurnOptions]) -> list[Reply[Any]]:
+    ...
+
+
+@overload
+def send_batch(items: Sequence[BatchItem], *, return_exceptions: Literal[True],
+               schema: SchemaArg = None,
+               **options: Unpack[TurnOptions]) -> list[Reply[Any] | ChatkitError]: ...
+
+
+def send_batch(items: Sequence[BatchItem], *, return_exceptions: bool = False,
+               schema: SchemaArg = None,
+               **options: Unpack[TurnOptions]) -> list[Reply[Any]] | list[
+                   Reply[Any] | ChatkitError]:
     """Send one message in each of several conversations, in lockstep.
 
-    ``items`` are ``(conversation, message)`` or ``(conversation, message,
-    options)``; keyword ``options`` (``schema``, ``constraint``, ``max_tokens``,
-    ``sampling``, ...) apply to every item unless the item overrides them. A
-    schema or Constraint given here is compiled once and cloned per stream.
-    Two items sharing a processor object (the same Constraint instance, or
+    Keyword ``schema`` and ``options`` (``TurnOptions``) apply to every item unless the
+    item overrides them. A schema or Constraint given here is compiled once and cloned
+    per stream. Two items sharing a processor object (the same Constraint instance, or
     one conversation twice) are ``SharedProcessorError`` before any decode.
 
-    Returns the replies in item order. A failing item (``Truncated``, ...)
-    does not stop the others: with ``return_exceptions`` its slot holds the
-    error, otherwise the first error is raised once every item has finished.
+    Returns the replies in item order. A failing item (``Truncated``, ...) does not stop
+    the others: with ``return_exceptions`` its slot holds the error, otherwise the first
+    error is raised once every item has finished.
     """
     if not items:
         return []
-    turns = _prepare(items, options)
-    results: list[Reply | ChatkitError | None] = [None] * len(turns)
+    turns = _prepare(items, schema, options)
+    results: list[Reply[Any] | ChatkitError | None] = [None] * len(turns)
     _Lockstep(turns, results).run()
+    done = [r for r in results if r is not None]
+    if not return_exceptions:
+        for r in done:
+            if isinstance(r, ChatkitError):
+                raise r
+    return done
+
+
+@overload
+async def asend_batch(items: Sequence[BatchItem], *,
+                      return_exceptions: Literal[False] = False, schema: SchemaArg = None,
+                      **options: Unpack[TurnOptions]) -> list[Reply[Any]]: ...
+
+
+@overload
+async def asend_batch(items: Sequence[BatchItem], *, return_exceptions: Literal[True],
+                      schema: SchemaArg = None,
+                      **options: Unpack[TurnOptions]) -> list[Reply[Any] | ChatkitError]: ...
+
+
+async def asend_batch(items: Sequence[BatchItem], *, return_exceptions: bool = False,
+                      schema: SchemaArg = None, **options: Unpack[TurnOptions]
+                      ) -> list[Reply[Any]] | list[Reply[Any] | ChatkitError]:
+    """``send_batch`` for async code: the whole batch runs in a worker thread."""
+    import anyio.to_thread
+
+    if not items:
+        return []
+
+    def run() -> list[Reply[Any] | ChatkitError]:
+        return send_batch(items, return_exceptions=True, schema=schema, **options)
+
+    results = await anyio.to_thread.run_sync(run, limiter=engine_limiter(items[0][0].model))
     if not return_exceptions:
         for r in results:
             if isinstance(r, ChatkitError):
@@ -63,23 +107,11 @@ def send_batch(
     return results
 
 
-async def asend_batch(items: Sequence[BatchItem], *, return_exceptions: bool = False,
-                      **options: Any) -> list[Any]:
-    """``send_batch`` for async code: the whole batch runs in a worker thread."""
-    from .conversation import _limiter
-
-    model = items[0][0].model if items else None
-
-    def run() -> list[Any]:
-        return send_batch(items, return_exceptions=return_exceptions, **options)
-
-    if model is None:
-        return []
-    return await anyio.to_thread.run_sync(run, limiter=_limiter(model))
-
-
-def _prepare(items: Sequence[BatchItem], options: dict[str, Any]) -> list[_Turn]:
-    model: Model = items[0][0].model
+def _prepare(items: Sequence[BatchItem], schema: SchemaArg,
+             options: TurnOptions) -> list[Turn]:
+    check_options(dict(options))
+    model: StepEngine = items[0][0].model
+    shared: dict[str, Any] = {**options, "schema": schema}
     seen_convs: set[int] = set()
     seen_procs: dict[int, int] = {}
     per_item: list[tuple[Conversation, str, dict[str, Any]]] = []
@@ -94,12 +126,12 @@ def _prepare(items: Sequence[BatchItem], options: dict[str, Any]) -> list[_Turn]
             raise SharedProcessorError(f"item {index}: one conversation twice in a batch "
                                        "(its sampler and processor would be shared)")
         seen_convs.add(id(conv))
-        merged = {**options, **own}
+        merged = {**shared, **own}
         if merged.get("speculative"):
             raise InvalidParameter("speculative", "not available in lockstep batches")
         for key in ("schema", "constraint"):
             value = merged.get(key)
-            if value is None or not hasattr(value, "process"):
+            if not isinstance(value, LogitProcessor):
                 continue
             if key not in own:  # given once for the batch: one clone per stream
                 if not isinstance(value, Constraint):
@@ -116,16 +148,17 @@ def _prepare(items: Sequence[BatchItem], options: dict[str, Any]) -> list[_Turn]
             seen_procs[id(proc)] = index
         per_item.append((conv, text, merged))
     # Every refusal happens here, before any decode.
-    return [conv._turn(text, opts) for conv, text, opts in per_item]
+    return [conv.plan(text, opts.pop("schema", None), **opts) for conv, text, opts in per_item]
 
 
 class _Lockstep:
     """The scheduler: admit, prefill (shared prefixes once), then one decode per step."""
 
-    def __init__(self, turns: list[_Turn], results: list[Reply | ChatkitError | None]) -> None:
+    def __init__(self, turns: list[Turn],
+                 results: list[Reply[Any] | ChatkitError | None]) -> None:
         self.turns = turns
         self.results = results
-        self.model = turns[0].conv.model
+        self.model = turns[0].engine
         self.waiting = deque(range(len(turns)))
         self.live: list[int] = []
 
@@ -172,8 +205,7 @@ class _Lockstep:
     def _step(self) -> None:
         chunks: list[tuple[int, SeqChunk]] = []
         for i in self.live:
-            dec = self.turns[i].decoder
-            chunk = dec.chunk() if dec is not None else None
+            chunk = self.turns[i].chunk()
             if chunk is not None:
                 chunks.append((i, chunk))
         if not chunks:
@@ -189,20 +221,17 @@ class _Lockstep:
     def _prefill(self, admitted: list[int]) -> None:
         """Evaluate the admitted prompts; a prefix shared with the first is evaluated once."""
         model = self.model
-        decs = {i: self.turns[i].decoder for i in admitted}
-        for d in decs.values():
-            assert d is not None
-            d.begin()
+        turns = {i: self.turns[i] for i in admitted}
+        for t in turns.values():
+            t.begin()
         lead = admitted[0]
-        lead_dec = decs[lead]
-        assert lead_dec is not None
-        start = {i: decs[i].reuse for i in admitted}  # type: ignore[union-attr]
+        lead_dec = turns[lead].decoder
+        start = {i: turns[i].decoder.reuse for i in admitted}
         followers: list[int] = []
         shared = 0
         for i in admitted[1:]:
-            d = decs[i]
-            assert d is not None
-            lcp = min(_common_prefix(lead_dec.prompt, d.prompt),
+            d = turns[i].decoder
+            lcp = min(common_prefix(lead_dec.prompt, d.prompt),
                       len(lead_dec.prompt) - 1, len(d.prompt) - 1)
             if lcp >= MIN_SHARED_PREFIX and lcp > d.reuse and lcp > lead_dec.reuse:
                 followers.append(i)
@@ -210,14 +239,12 @@ class _Lockstep:
         if followers:
             self._run_parts([(lead, lead_dec.reuse, shared, False)])
             for i in followers:
-                d = decs[i]
-                assert d is not None
+                d = turns[i].decoder
                 model.seq_cp(lead_dec.seq_id, d.seq_id, 0, shared)
-                d.reuse = shared
+                d.adopt_prefix(shared)
                 start[i] = shared
             start[lead] = shared
-        self._run_parts([(i, start[i], len(decs[i].prompt), True)  # type: ignore[union-attr]
-                         for i in admitted])
+        self._run_parts([(i, start[i], len(turns[i].plan.prompt), True) for i in admitted])
 
     def _run_parts(self, parts: list[tuple[int, int, int, bool]]) -> None:
         """Evaluate prompt ranges, packed into decodes of <= SAFE_PREFILL_CHUNK tokens; a
@@ -229,12 +256,11 @@ class _Lockstep:
             budget = SAFE_PREFILL_CHUNK
             while queue and budget > 0:
                 i, lo, hi, final = queue.popleft()
-                dec = self.turns[i].decoder
-                assert dec is not None
+                turn = self.turns[i]
                 take = min(budget, hi - lo)
                 last = lo + take == hi
                 wanted = final and last
-                chunks.append(SeqChunk(dec.seq_id, lo, dec.prompt[lo : lo + take],
+                chunks.append(SeqChunk(turn.decoder.seq_id, lo, turn.plan.prompt[lo : lo + take],
                                        "last" if wanted else "none"))
                 finals.append(i if wanted else None)
                 budget -= take

@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid
 
+if TYPE_CHECKING:
+    from .constraints import Constraint
+
+__all__: list[str] = []
+
 USAGE_EXIT = 2
-# Tests only: run with the grammar mask disabled, to prove the corpus checks can fail.
-DISABLE_MASK_ENV = "CHATKIT_TEST_DISABLE_MASK"
 
 
 class UsageError(ChatkitError):
@@ -67,7 +69,7 @@ def _looks_like_path(value: str) -> bool:
     return Path(v).is_file() or v.endswith((".json", ".lark", ".txt", ".regex"))
 
 
-def _constraint(args: argparse.Namespace) -> Any:
+def _constraint(args: argparse.Namespace) -> Constraint | None:
     """Build (and so check) the constraint before anything touches the model."""
     from .constraints import Constraint
 
@@ -90,29 +92,6 @@ def _constraint(args: argparse.Namespace) -> Any:
     return None
 
 
-def _unmasked(c: Any) -> Any:
-    """The test-only no-op variant of a constraint (mask and matcher disabled)."""
-    from .constraints import Constraint
-
-    class Unmasked(Constraint):
-        def process(self, logits: Any, history: Any) -> None:
-            pass
-
-        def commit(self, token: int) -> None:
-            pass
-
-        def allows(self, token: int) -> bool:
-            return True
-
-        def is_accepting(self) -> bool:
-            return True
-
-        def is_stopped(self) -> bool:
-            return True
-
-    return Unmasked(c.kind, c.grammar, source=c.source, reader=c.reader)
-
-
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     prompt = _read_arg(args.prompt, what="--prompt", error=UsageError)
@@ -122,8 +101,6 @@ def _run(args: argparse.Namespace) -> int:
     constraint = _constraint(args)
     if constraint is not None and args.stop:
         raise UsageError("--stop ends free text; a constraint ends itself")
-    if constraint is not None and os.environ.get(DISABLE_MASK_ENV) == "1":
-        constraint = _unmasked(constraint)
 
     from .conversation import Conversation
     from .model import Model
@@ -133,18 +110,14 @@ def _run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
                         stop=args.stop or (), max_tokens=args.max_tokens)
-    spec = {"speculative": True} if args.speculative else {}
-    if constraint is None:
-        reply = conv.send(prompt, **spec)
-    elif constraint.kind == "json_schema":
-        reply = conv.send(prompt, schema=constraint, **spec)
+    if constraint is not None and constraint.kind == "json_schema":
+        reply = conv.send(prompt, schema=constraint, speculative=args.speculative)
     else:
-        reply = conv.send(prompt, constraint=constraint, **spec)
+        reply = conv.send(prompt, constraint=constraint, speculative=args.speculative)
     if args.json:
-        parsed = reply.parsed.model_dump() if hasattr(reply.parsed, "model_dump") else reply.parsed
         out = {
             "text": reply.text,
-            "parsed": parsed,
+            "parsed": reply.parsed,
             "finish_reason": reply.finish_reason,
             "prompt_tokens": reply.usage.prompt_tokens,
             "completion_tokens": reply.usage.completion_tokens,

@@ -15,61 +15,29 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import llguidance
 import llguidance.numpy
 import numpy as np
 from numpy.typing import NDArray
 
+from .engine import StepEngine, Vocabulary
 from .errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
-from .schema import SchemaInput, SchemaReader, Whitespace, compile_json_schema, load_schema
+from .schema import (
+    LoadedSchema,
+    SchemaInput,
+    SchemaReader,
+    Whitespace,
+    compile_json_schema,
+    load_schema,
+)
 
-if TYPE_CHECKING:
-    from .model import Model
-
-__all__ = ["Constraint", "ConstraintKind", "llg_tokenizer"]
+__all__ = ["Constraint"]
 
 ConstraintKind = Literal["json_schema", "regex", "lark"]
-
-# llama.cpp token attributes (llama.h): padding ids carry UNDEFINED (0) or UNUSED.
-_ATTR_UNDEFINED = 0
-_ATTR_UNUSED = 1 << 1
-
-
-def llg_tokenizer(model: Model, stop_token: int) -> Any:
-    """The llguidance tokenizer for ``model`` whose EOS is ``stop_token`` (cached per model)."""
-
-    def build() -> Any:
-        import llguidance.llamacpp  # imports llama_cpp: keep it off the model-free paths
-
-        with warnings.catch_warnings():
-            # llguidance's bridge calls llama_token_get_attr, deprecated in llama-cpp-python.
-            warnings.filterwarnings("ignore", "llama_token_get_attr", DeprecationWarning)
-            return llguidance.llamacpp.lltokenizer_from_vocab(
-                model.vocab_handle, n_vocab=model.n_vocab, eos_token=stop_token
-            )
-
-    return model.cache(("llg_tokenizer", stop_token), build)
-
-
-def _static_allowed(model: Model) -> NDArray[np.int32]:
-    """Bitmask words with padding ids cleared (cached per model)."""
-
-    def build() -> NDArray[np.int32]:
-        words = (model.n_vocab + 31) // 32
-        bits = np.ones(words * 32, dtype=np.uint8)
-        bits[model.n_vocab :] = 0
-        for tok in range(model.n_vocab):
-            attr = model.token_attr(tok)
-            if attr == _ATTR_UNDEFINED or attr & _ATTR_UNUSED:
-                bits[tok] = 0
-        return np.packbits(bits, bitorder="little").view(np.int32).copy()
-
-    return model.cache("static_allowed", build)  # type: ignore[no-any-return]
 
 
 class Constraint:
@@ -95,7 +63,7 @@ class Constraint:
         self.source = source
         self.reader = reader
         self.stop_token_override = stop_token
-        self.model: Model | None = None
+        self.model: Vocabulary | None = None
         self.stop_token: int = -1
         self._initial: Any = None
         self._matcher: Any = None
@@ -120,9 +88,9 @@ class Constraint:
     @classmethod
     def json_schema(
         cls,
-        schema: SchemaInput,
+        schema: SchemaInput | LoadedSchema,
         *,
-        model: Model | None = None,
+        model: Vocabulary | None = None,
         whitespace: Whitespace = "compact",
         stop_token: int | None = None,
     ) -> Constraint:
@@ -130,14 +98,14 @@ class Constraint:
 
         Raises ``SchemaInvalid`` or ``SchemaUnsupported(keyword, path)``.
         """
-        doc, model_cls = load_schema(schema)
-        grammar = compile_json_schema(doc, whitespace)
-        made = cls("json_schema", grammar, source=doc, reader=SchemaReader(doc, model_cls),
+        loaded = load_schema(schema)
+        grammar = compile_json_schema(loaded.doc, whitespace)
+        made = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
                    stop_token=stop_token)
         return made.bind(model) if model is not None else made
 
     @classmethod
-    def regex(cls, pattern: str, *, model: Model | None = None,
+    def regex(cls, pattern: str, *, model: Vocabulary | None = None,
               stop_token: int | None = None) -> Constraint:
         """Text matching ``pattern`` in full (Rust regex syntax). Raises ``GrammarInvalid``."""
         trailing = len(pattern) - len(pattern.rstrip("\\"))
@@ -148,7 +116,7 @@ class Constraint:
         return made.bind(model) if model is not None else made
 
     @classmethod
-    def lark(cls, grammar: str, *, model: Model | None = None,
+    def lark(cls, grammar: str, *, model: Vocabulary | None = None,
              stop_token: int | None = None) -> Constraint:
         """Text derived from a Lark grammar (llguidance dialect). Raises ``GrammarInvalid``."""
         compiled = _checked(llguidance.LLMatcher.grammar_from_lark(grammar), "lark")
@@ -156,7 +124,7 @@ class Constraint:
         return made.bind(model) if model is not None else made
 
     # ----------------------------------------------------------------- binding
-    def bind(self, model: Model, stop_token: int | None = None) -> Constraint:
+    def bind(self, model: Vocabulary, stop_token: int | None = None) -> Constraint:
         """Attach to ``model`` (self when unbound or already bound to it, else a copy).
 
         ``stop_token`` (default: the constructor's, else the model's end-of-turn
@@ -171,7 +139,7 @@ class Constraint:
             return other.bind(model, stop)
         if not 0 <= stop < model.n_vocab:
             raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
-        tok = llg_tokenizer(model, stop)
+        tok = model.llg_tokenizer(stop)
         matcher = llguidance.LLMatcher(tok, self.grammar, log_level=0)
         if matcher.is_error():
             raise _refusal(self.kind, matcher.get_error())
@@ -180,7 +148,7 @@ class Constraint:
         self._initial = matcher
         self._matcher = matcher.deep_copy()
         self._mask = llguidance.numpy.allocate_token_bitmask(1, model.n_vocab)
-        self._static = _static_allowed(model)
+        self._static = model.grammar_token_words()
         self._schedule()
         return self
 
@@ -236,7 +204,8 @@ class Constraint:
         self._has_prepared = False
         prefetch = self.prefetch
         if prefetch is None:
-            prefetch = self.model is not None and (os.cpu_count() or 1) > self.model.n_threads
+            threads = self.model.n_threads if isinstance(self.model, StepEngine) else 0
+            prefetch = self.model is not None and (os.cpu_count() or 1) > threads
         if prefetch:
             self._pending = _mask_pool().submit(self._compute)
 
@@ -320,9 +289,9 @@ class Constraint:
 
 
 def _checked(grammar: str, kind: ConstraintKind) -> str:
-    message = llguidance.LLMatcher.validate_grammar(grammar)
-    if message and not message.startswith("WARNING"):
-        raise _refusal(kind, message)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise _refusal(kind, "; ".join(messages))
     return grammar
 
 

@@ -15,16 +15,34 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from .engine import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
 from .errors import InvalidParameter
-from .model import SAFE_PREFILL_CHUNK, Model, SeqChunk
-from .sampling import Logits, Sampler
+from .messages import FinishReason
+from .sampling import GrammarProcessor, Logits, Sampler
 
 if TYPE_CHECKING:
     from .speculative import CostGate, DraftSource
 
-__all__ = ["Decoder", "FinishReason", "Generation", "generate"]
+__all__ = ["Generation", "generate"]
 
-FinishReason = Literal["stop", "length", "constraint_complete", "dead_end", "tool_calls"]
+EndCause = Literal["stop_token", "length", "stop_string"]
+
+
+def decide_finish(end: EndCause, *, grammar_done: bool, tool_calls: bool = False,
+                  free_text: bool = False) -> FinishReason:
+    """The one place a finish reason is decided.
+
+    ``end`` is why the decoder stopped; ``grammar_done`` whether a grammar had completed
+    when the stop token came; ``tool_calls`` whether the reply parsed into calls;
+    ``free_text`` whether the grammar's text alternative (tools, ``auto``) was taken.
+    """
+    if tool_calls:
+        return "tool_calls"
+    if end == "length":
+        return "length"
+    if end == "stop_token" and grammar_done and not free_text:
+        return "constraint_complete"
+    return "stop"
 
 
 @dataclass
@@ -67,7 +85,7 @@ class Decoder:
 
     def __init__(
         self,
-        model: Model,
+        model: StepEngine,
         prompt: Sequence[int],
         sampler: Sampler,
         *,
@@ -91,7 +109,9 @@ class Decoder:
         self.prefill_chunk = prefill_chunk
         self.tokens: list[int] = []
         self.history = list(self.prompt)
-        self.finish_reason: FinishReason | None = None
+        self.end: EndCause | None = None
+        self.grammar_done = False
+        """A grammar processor had completed when the stop token came."""
         self.stop_token: int | None = None
         self._pending: int | None = None  # sampled, not yet evaluated
         self._evaluated = 0  # reply tokens in the KV cache
@@ -103,7 +123,17 @@ class Decoder:
 
     @property
     def done(self) -> bool:
-        return self.finish_reason is not None
+        return self.end is not None
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        """Why the reply ended, as far as the decoder knows (``length`` while running)."""
+        return decide_finish(self.end or "length", grammar_done=self.grammar_done)
+
+    def adopt_prefix(self, n: int) -> None:
+        """The first ``n`` prompt tokens were put in this sequence's KV cache by another
+        route (a prefix copied from a sibling sequence): do not evaluate them."""
+        self.reuse = max(0, min(n, len(self.prompt) - 1))
 
     def begin(self) -> None:
         """Drop whatever the sequence holds past ``reuse`` (drivers prefill afterwards)."""
@@ -210,7 +240,9 @@ class Decoder:
         tok = self.sampler.next(row, self.history)
         if tok in self.stops:
             self.stop_token = tok
-            self.finish("constraint_complete" if _constraint_done(self.sampler) else "stop")
+            proc = self.sampler.processor
+            self.grammar_done = isinstance(proc, GrammarProcessor) and proc.is_stopped()
+            self.finish("stop_token")
             return None
         self.tokens.append(tok)
         self.history.append(tok)
@@ -220,10 +252,10 @@ class Decoder:
             self._pending = tok
         return tok
 
-    def finish(self, reason: FinishReason) -> None:
-        """End the reply now (idempotent: the first reason wins)."""
-        if self.finish_reason is None:
-            self.finish_reason = reason
+    def finish(self, cause: EndCause) -> None:
+        """End the reply now (idempotent: the first cause wins)."""
+        if self.end is None:
+            self.end = cause
             self._end = time.perf_counter()
 
     def kv_tokens(self) -> list[int]:
@@ -235,7 +267,7 @@ class Decoder:
         return Generation(
             tokens=list(self.tokens),
             text=self.model.detokenize(self.tokens),
-            finish_reason=self.finish_reason or "length",
+            finish_reason=self.finish_reason,
             prompt_tokens=len(self.prompt),
             prompt_tokens_evaluated=len(self.prompt) - self.reuse,
             seconds=end - self._t0,
@@ -248,7 +280,7 @@ class Decoder:
 
 
 def generate(
-    model: Model,
+    model: StepEngine,
     prompt: Sequence[int],
     sampler: Sampler,
     *,
@@ -282,9 +314,3 @@ def generate(
         dec.speculate(draft, draft_k, gate)
     return dec.result()
 
-
-def _constraint_done(sampler: Sampler) -> bool:
-    """True when the sampler's processor is a grammar that had completed."""
-    proc = sampler.processor
-    is_stopped = getattr(proc, "is_stopped", None)
-    return bool(is_stopped()) if callable(is_stopped) else False

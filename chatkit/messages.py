@@ -1,15 +1,31 @@
-"""Typed chat messages, replies and usage."""
+"""Typed chat messages, replies and usage: pure data (no engine import).
+
+Messages round-trip through JSON and through OpenAI-style message dicts
+(``{"role", "content", "tool_calls": [...]}`` / ``{"role": "tool",
+"tool_call_id", ...}``), so a conversation's state can be stored, sent over
+the wire, or rebuilt from another client's history.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, cast
 
-from .decoding import FinishReason
+from .errors import InvalidParameter
 
-__all__ = ["Message", "Reply", "Role", "ToolCall", "Usage"]
+__all__ = ["FinishReason", "Message", "Reply", "Role", "ToolCall", "Usage"]
 
 Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "constraint_complete", "tool_calls"]
+"""stop: the model ended (stop token or stop string); length: ``max_tokens``;
+constraint_complete: the grammar completed and the stop token followed;
+tool_calls: the reply is tool calls."""
+
+T = TypeVar("T", covariant=True)
+P = TypeVar("P")
+_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -24,6 +40,37 @@ class ToolCall:
     """The validated arguments as plain JSON data."""
     parsed: Any = None
     """The arguments as the tool's Pydantic model instance, when it has one."""
+
+    def parsed_as(self, cls: type[P]) -> P:
+        """``parsed``, typed: the arguments as ``cls`` (the tool's Pydantic model).
+        Raises ``InvalidParameter`` when this call's arguments are not a ``cls``."""
+        if not isinstance(self.parsed, cls):
+            raise InvalidParameter("cls", f"call {self.name!r} has arguments of type "
+                                   f"{type(self.parsed).__name__}, not {cls.__name__}")
+        return self.parsed
+
+    def to_openai(self) -> dict[str, Any]:
+        """``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name,
+                             "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any]) -> ToolCall:
+        """From the OpenAI shape; ``arguments`` may be JSON text or an object.
+        Raises ``InvalidParameter`` on a malformed call."""
+        fn = data.get("function", data)
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise InvalidParameter("tool_calls", f"a tool call needs a function name: {data!r}")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as exc:
+                raise InvalidParameter("tool_calls", f"arguments are not JSON: {exc}") from exc
+        if not isinstance(args, dict):
+            raise InvalidParameter("tool_calls", "arguments must be a JSON object")
+        return cls(id=str(data.get("id", "")), name=fn["name"], arguments=args)
 
 
 @dataclass(frozen=True)
@@ -42,6 +89,65 @@ class Message:
     """For a tool result: the id of the call it answers."""
     name: str | None = None
     """For a tool result: the tool's name."""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI chat message dict (``reasoning`` as ``reasoning_content``)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any]) -> Message:
+        """From an OpenAI chat message dict: content as a string, None, or a list of text
+        parts. Raises ``InvalidParameter`` naming what is wrong."""
+        if not isinstance(data, Mapping):
+            raise InvalidParameter("messages", f"a message is an object, not {type(data).__name__}")
+        role = data.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in _ROLES:
+            raise InvalidParameter("messages", f"unknown role {role!r}")
+        calls = tuple(ToolCall.from_openai(c) for c in data.get("tool_calls") or ())
+        reasoning = data.get("reasoning_content", data.get("reasoning"))
+        return cls(role=cast(Role, role), content=_content_text(data.get("content")),
+                   reasoning=reasoning if isinstance(reasoning, str) else None,
+                   tool_calls=calls, tool_call_id=data.get("tool_call_id"),
+                   name=data.get("name"))
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise InvalidParameter("messages", f"unsupported content part {kind!r} "
+                                       "(text parts only)")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise InvalidParameter("messages", f"content must be a string or text parts, not "
+                           f"{type(content).__name__}")
+
+
+def messages_to_openai(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    """OpenAI-style message dicts (JSON-serialisable)."""
+    return [m.to_openai() for m in messages]
+
+
+def messages_from_openai(data: Iterable[Mapping[str, Any] | Message]) -> list[Message]:
+    """Messages from OpenAI-style dicts (``Message`` instances pass through)."""
+    return [d if isinstance(d, Message) else Message.from_openai(d) for d in data]
 
 
 @dataclass(frozen=True)
@@ -69,16 +175,21 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class Reply:
-    """An assistant reply: the text and what chatkit made of it."""
+class Reply(Generic[T]):
+    """An assistant reply: the text and what chatkit made of it.
+
+    Generic in what ``parsed`` holds: ``send(text, schema=Verdict)`` returns a
+    ``Reply[Verdict]``; a schema given as a dict or text gives ``Reply[Any]``;
+    no schema gives ``Reply[None]``.
+    """
 
     text: str
     """The reply text (for a thinking turn: the answer after the think block)."""
     finish_reason: FinishReason
-    """stop | length | constraint_complete | dead_end | tool_calls."""
+    """stop | length | constraint_complete | tool_calls."""
     usage: Usage
     """Token counts and timings."""
-    parsed: Any = None
+    parsed: T
     """For ``schema=``: the validated value (a Pydantic instance for a model class)."""
     reasoning: str | None = None
     """The think text of a thinking turn, when there was one."""

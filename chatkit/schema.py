@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jsonschema
 import llguidance
@@ -21,16 +21,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from .errors import SchemaInvalid, SchemaUnsupported, SchemaViolation
 
-__all__ = [
-    "SchemaInput",
-    "SchemaReader",
-    "Whitespace",
-    "close_objects",
-    "compile_json_schema",
-    "json_options",
-    "keyword_path",
-    "load_schema",
-]
+__all__ = ["SchemaInput", "SchemaReader"]
 
 SchemaInput = dict[str, Any] | bool | str | type[BaseModel]
 Whitespace = Literal["compact", "spaced"]
@@ -47,13 +38,29 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required",
                             "dependentRequired", "x-guidance"})
 
 
-def load_schema(schema: SchemaInput) -> tuple[dict[str, Any] | bool, type[BaseModel] | None]:
-    """Turn JSON text, a dict, a bool or a Pydantic model class into a checked schema.
+class LoadedSchema(NamedTuple):
+    """A schema checked once (:func:`load_schema`), carried through planning and compiling."""
 
-    Returns the schema and the Pydantic class (or None). Raises ``SchemaInvalid``
-    for malformed JSON or a document that is not a valid JSON Schema (2020-12
-    meta-schema, or the draft named by ``$schema``).
+    doc: dict[str, Any] | bool
+    """The JSON Schema document."""
+    model_cls: type[BaseModel] | None
+    """The Pydantic class it came from, if any."""
+    key: str
+    """Canonical JSON of ``doc``: the cache key of grammars compiled from it."""
+
+    def reader(self) -> SchemaReader:
+        return SchemaReader(self.doc, self.model_cls)
+
+
+def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
+    """Turn JSON text, a dict, a bool or a Pydantic model class into a checked schema
+    (an already loaded schema is returned as is).
+
+    Raises ``SchemaInvalid`` for malformed JSON or a document that is not a valid JSON
+    Schema (2020-12 meta-schema, or the draft named by ``$schema``).
     """
+    if isinstance(schema, LoadedSchema):
+        return schema
     model_cls: type[BaseModel] | None = None
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         model_cls = schema
@@ -76,7 +83,7 @@ def load_schema(schema: SchemaInput) -> tuple[dict[str, Any] | bool, type[BaseMo
     except jsonschema.SchemaError as exc:
         path = _pointer(exc.absolute_path)
         raise SchemaInvalid(f"not a valid JSON Schema: {exc.message}", path=path) from exc
-    return doc, model_cls
+    return LoadedSchema(doc, model_cls, json.dumps(doc, sort_keys=True))
 
 
 def close_objects(doc: dict[str, Any]) -> None:
@@ -111,9 +118,9 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
         )
     except ValueError as exc:
         raise SchemaInvalid(str(exc)) from exc
-    message = llguidance.LLMatcher.validate_grammar(grammar)
-    if message and not message.startswith("WARNING"):
-        raise _translate(schema, message)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise _translate(schema, "; ".join(messages))
     return str(grammar)
 
 

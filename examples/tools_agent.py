@@ -3,8 +3,7 @@ them, feeds the results back, and the model answers."""
 
 from __future__ import annotations
 
-from chatkit import Conversation, Model
-from chatkit.tools import tool
+from chatkit import Conversation, Model, tool
 
 
 @tool

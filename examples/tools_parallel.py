@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import anyio
 
-from chatkit import Conversation, Model
-from chatkit.tools import tool
+from chatkit import Conversation, Model, execute_calls, tool
 
 
 @tool
@@ -21,8 +20,6 @@ async def main() -> None:
                              tool_choice="required", parallel_tool_calls=3, max_tokens=160)
     print(f"{len(reply.tool_calls)} calls: " + ", ".join(c.arguments["city"]
                                                           for c in reply.tool_calls))
-    from chatkit.tools.loop import execute_calls
-
     results = await execute_calls(reply.tool_calls, [get_weather])
     for r in results:
         print(f"{r.call.name}({r.call.arguments}) -> {r.content}")

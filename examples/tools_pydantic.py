@@ -20,8 +20,7 @@ def main() -> None:
     conv = Conversation(Model.load())
     reply = conv.send("The login page crashes on submit. It's urgent!", tools=[CreateTicket],
                       tool_choice="required", parallel_tool_calls=False, max_tokens=80)
-    ticket = reply.tool_calls[0].parsed
-    assert isinstance(ticket, CreateTicket)
+    ticket = reply.tool_calls[0].parsed_as(CreateTicket)
     print(ticket.model_dump_json())
 
 

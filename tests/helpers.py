@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chatkit import LogitProcessor
+from chatkit import Constraint, LogitProcessor
 
 
 class AllowList:
@@ -114,3 +114,26 @@ def chat_prompt(model, user: str, system: str | None = None) -> list[int]:  # ty
         ids += model.tokenize("<|im_end|>\n<|im_start|>assistant\n", special=True)
         return ids
     return [model.bos_id, *model.tokenize(f"{system or ''}\nQ: {user}\nA:", special=False)]
+
+
+def unmasked(c: Constraint) -> Constraint:
+    """A no-op variant of ``c`` (mask and matcher disabled, reader kept): the positive
+    control for the second reader and the lane checks."""
+
+    class Unmasked(Constraint):
+        def process(self, logits: np.ndarray, history: Sequence[int]) -> None:
+            pass
+
+        def commit(self, token: int) -> None:
+            pass
+
+        def allows(self, token: int) -> bool:
+            return True
+
+        def is_accepting(self) -> bool:
+            return True
+
+        def is_stopped(self) -> bool:
+            return True
+
+    return Unmasked(c.kind, c.grammar, source=c.source, reader=c.reader)

@@ -86,7 +86,7 @@ def _think_grammar() -> str:
 
 
 def _tools_grammar() -> str:
-    from chatkit.tools import tool
+    from chatkit import tool
     from chatkit.tools.definition import check_tools
     from chatkit.tools.grammar import tool_grammar
 

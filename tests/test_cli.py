@@ -12,8 +12,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from chatkit import SchemaInvalid, SchemaUnsupported, Truncated
-from chatkit.cli import DISABLE_MASK_ENV, USAGE_EXIT
+from chatkit import Constraint, SchemaInvalid, SchemaUnsupported, Truncated
+from chatkit.cli import USAGE_EXIT, main
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
@@ -56,12 +56,21 @@ def test_corpus_every_answer_parses_or_is_truncated(path: Path) -> None:
         assert lane_ok(proc, schema), (extra, proc.returncode, proc.stdout, proc.stderr)
 
 
-def test_corpus_check_detects_a_disabled_mask() -> None:
-    """Positive control: with the mask off (test-only switch) the same check fails."""
+def test_corpus_check_detects_a_disabled_mask(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Positive control: with a no-op processor injected here (the shipped CLI has no
+    switch to turn the mask off), the same check fails."""
+    monkeypatch.setattr(Constraint, "process", lambda self, logits, history: None)
+    monkeypatch.setattr(Constraint, "commit", lambda self, token: None)
+    monkeypatch.setattr(Constraint, "allows", lambda self, token: True)
+    monkeypatch.setattr(Constraint, "is_accepting", lambda self: True)
+    monkeypatch.setattr(Constraint, "is_stopped", lambda self: True)
     failures = 0
     for path in SCHEMAS[:6]:
-        proc = chatkit("run", "--prompt", PROMPT, "--json-schema", f"@{path}", "--json",
-                       "--max-tokens", "48", env={DISABLE_MASK_ENV: "1"})
+        code = main(["run", "--prompt", PROMPT, "--json-schema", f"@{path}", "--json",
+                     "--max-tokens", "48"])
+        out = capsys.readouterr()
+        proc = subprocess.CompletedProcess([], code, out.out, out.err)
         failures += not lane_ok(proc, json.loads(path.read_text()))
     assert failures >= 1
 

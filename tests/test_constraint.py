@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from chatkit import Constraint, LogitProcessor, Model, Sampler, SamplingParams, generate
-from chatkit.constraints import _static_allowed
 from tests.helpers import Boost, Chain, NoOp, Recorder, chat_prompt
 
 VERDICT = {
@@ -130,7 +129,7 @@ def test_control_token_text_is_allowed_as_characters(any_model: Model) -> None:
 
 
 def test_padding_ids_never_selected(gemma: Model) -> None:
-    bits = np.unpackbits(_static_allowed(gemma).view(np.uint8), bitorder="little",
+    bits = np.unpackbits(gemma.grammar_token_words().view(np.uint8), bitorder="little",
                          count=gemma.n_vocab)
     padding = np.flatnonzero(bits == 0)
     assert padding.size > 0  # Gemma's vocabulary carries unused ids

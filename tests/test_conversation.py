@@ -82,7 +82,7 @@ def test_pydantic_schema_gives_an_instance(smol: Model) -> None:
 def test_second_turn_evaluates_only_the_suffix(smol: Model) -> None:
     conv = Conversation(smol)
     first = conv.send("Name a fruit.", max_tokens=12)
-    kv_after_first = list(conv._kv)
+    kv_after_first = list(conv.kv.tokens)
     prompt2 = conv.prompt_ids("Name another.")
     before = smol.stats.tokens_evaluated
     second = conv.send("Name another.", max_tokens=12)
@@ -120,9 +120,9 @@ def test_truncated_is_an_error_and_nothing_is_appended(smol: Model) -> None:
 
 
 def test_second_reader_catches_what_the_mask_let_through(smol: Model) -> None:
-    from chatkit.cli import _unmasked  # the CLI's test-only no-op variant of a constraint
+    from tests.helpers import unmasked
 
-    broken = _unmasked(Constraint.json_schema(Verdict))
+    broken = unmasked(Constraint.json_schema(Verdict))
     conv = Conversation(smol)
     with pytest.raises(SchemaViolation) as info:
         conv.send("Tell me a joke.", schema=broken, max_tokens=30)

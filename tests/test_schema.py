@@ -34,7 +34,7 @@ def accepts(grammar: str, text: str) -> bool:
 
 
 def json_grammar(schema: Any, **kw: Any) -> str:
-    doc, _ = load_schema(schema)
+    doc = load_schema(schema).doc
     return compile_json_schema(doc, **kw)
 
 
@@ -164,7 +164,7 @@ def test_regex_and_lark_match_in_full() -> None:
 
 # -------------------------------------------------------------- second reader
 def test_reader_returns_pydantic_instance_and_rejects_invalid_text() -> None:
-    doc, cls = load_schema(Verdict)
+    doc, cls, _ = load_schema(Verdict)
     reader = SchemaReader(doc, cls)
     v = reader.read('{"decision":"approve","confidence":0.25,"reasons":[]}')
     assert isinstance(v, Verdict) and v.confidence == 0.25

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chatkit import Constraint, Model, Sampler, SamplingParams, generate
-from chatkit.model import SeqChunk
+from chatkit import Constraint, Model, Sampler, SamplingParams, SeqChunk, generate
 from chatkit.speculative import ConstrainedSource, CostGate, PromptLookupSource
 from tests.helpers import Recorder, chat_prompt
 

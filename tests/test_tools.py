@@ -17,12 +17,14 @@ from chatkit import (
     Conversation,
     MaxStepsExceeded,
     Model,
+    ModelRetry,
     ToolArgumentsInvalid,
     ToolCall,
     ToolDefinitionError,
+    execute_calls,
+    tool,
 )
-from chatkit.tools import ModelRetry, parse_calls, tool, tool_grammar
-from chatkit.tools.loop import execute_calls
+from chatkit.tools.grammar import parse_calls, tool_grammar
 
 BYTE = llguidance.LLTokenizer("byte")
 
@@ -81,7 +83,7 @@ def test_definition_refusals() -> None:
     for fn in (untyped, uniq, opaque):
         with pytest.raises(ToolDefinitionError):
             tool(fn)
-    from chatkit.tools import check_tools
+    from chatkit.tools.definition import check_tools
 
     with pytest.raises(ToolDefinitionError):
         check_tools([add, tool(add.function, name="add")])

@@ -25,9 +25,9 @@ from ..errors import TemplateError
 from ..messages import Message
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..engine import Vocabulary
 
-__all__ = ["BUNDLED", "ChatTemplate", "Segment", "tokenize_segments"]
+__all__ = ["ChatTemplate", "Segment"]
 
 BUNDLED = ("chatml", "hermes", "qwen3", "gemma")
 
@@ -98,7 +98,7 @@ class ChatTemplate:
         return cls(text, name=name)
 
     @classmethod
-    def for_model(cls, model: Model, *, tools: bool = False) -> ChatTemplate:
+    def for_model(cls, model: Vocabulary, *, tools: bool = False) -> ChatTemplate:
         """The GGUF's template when present (and able to list tools when ``tools``);
         else the bundled one matching the vocabulary's turn markers (gemma or
         ChatML, with the Hermes tool format when ``tools``)."""
@@ -190,7 +190,7 @@ def _split(text: str, contents: list[str], name: str) -> list[Segment]:
     return segments
 
 
-def tokenize_segments(model: Model, segments: list[Segment]) -> list[int]:
+def tokenize_segments(model: Vocabulary, segments: list[Segment]) -> list[int]:
     """Token ids: markup with special-token parsing, content never."""
     ids: list[int] = []
     for seg in segments:
@@ -198,6 +198,6 @@ def tokenize_segments(model: Model, segments: list[Segment]) -> list[int]:
     return ids
 
 
-def _single_control(model: Model, text: str) -> bool:
+def _single_control(model: Vocabulary, text: str) -> bool:
     ids = model.tokenize(text, special=True)
     return len(ids) == 1 and model.is_control(ids[0])

@@ -1,7 +1,9 @@
-"""Tools: typed functions and Pydantic models as Hermes ``<tool_call>`` grammars."""
+"""Tools: typed functions and Pydantic models as Hermes ``<tool_call>`` grammars.
 
-from .definition import ModelRetry, Tool, ToolDefinition, check_tools, tool
-from .grammar import parse_calls, tool_grammar
+This package holds definitions (:mod:`.definition`) and the grammar and parser
+(:mod:`.grammar`) only; the agent loop that runs tools is :mod:`chatkit.agent`.
+"""
 
-__all__ = ["ModelRetry", "Tool", "ToolDefinition", "check_tools", "parse_calls", "tool",
-           "tool_grammar"]
+from .definition import ModelRetry, Tool, ToolDefinition, tool
+
+__all__ = ["ModelRetry", "Tool", "ToolDefinition", "tool"]

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
 from ..schema import SchemaReader, close_objects, compile_json_schema, load_schema
 
-__all__ = ["ModelRetry", "Tool", "ToolDefinition", "check_tools", "tool"]
+__all__ = ["ModelRetry", "Tool", "ToolDefinition", "tool"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
@@ -75,7 +75,7 @@ class Tool:
         if not _NAME.match(name):
             raise ToolDefinitionError(name, "names are letters, digits, _ . - (max 64)")
         try:
-            doc, _ = load_schema(parameters)
+            doc = load_schema(parameters).doc
             if isinstance(doc, dict):
                 doc = json.loads(json.dumps(doc))  # a private copy to close
                 close_objects(doc)  # arguments are closed, as OpenAI's strict tools
@@ -192,7 +192,7 @@ def _checked_schema(tool_name: str, cls: type[BaseModel]) -> dict[str, Any]:
     if not _NAME.match(tool_name):
         raise ToolDefinitionError(tool_name, "names are letters, digits, _ . - (max 64)")
     try:
-        doc, _ = load_schema(cls)
+        doc = load_schema(cls).doc
         compile_json_schema(doc)
     except ChatkitError as exc:
         raise ToolDefinitionError(tool_name, f"arguments cannot be enforced: {exc}") from exc

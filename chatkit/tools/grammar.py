@@ -26,7 +26,7 @@ from ..messages import ToolCall
 from ..schema import json_options
 from .definition import Tool
 
-__all__ = ["CALL_CLOSE", "CALL_OPEN", "parse_calls", "tool_grammar"]
+__all__: list[str] = []
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"

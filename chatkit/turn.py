@@ -1,0 +1,479 @@
+"""One assistant turn, in two parts: planning, then stepping.
+
+Planning (:func:`plan_turn`) needs only the engine's :class:`~chatkit.engine.Vocabulary`:
+it validates the options, chooses the template, builds (or takes from the
+engine's cache) the grammar, renders the messages into segments and tokenizes
+them. Stepping (:class:`Turn`) leases a KV sequence and decodes through the
+``Sampler`` seam: ``start``/``step`` for a turn driven alone, ``chunk``/``first``/
+``advance`` for drivers that batch many turns into one forward pass; then
+``complete`` (checked by the second reader, recorded) or ``release`` alone
+(abandoned: nothing recorded). The finish reason is decided once
+(:func:`chatkit.decoding.decide_finish`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from .constraints import Constraint
+from .decoding import Decoder, decide_finish
+from .engine import IncrementalDetokenizer, SeqChunk, StepEngine, Vocabulary
+from .errors import InvalidParameter, SchemaViolation, Truncated
+from .messages import Message, Reply, ToolCall, Usage
+from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
+from .schema import LoadedSchema, SchemaInput, json_options, load_schema
+from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
+from .templates import ChatTemplate, Segment, tokenize_segments
+from .tools.definition import Tool, check_tools
+from .tools.grammar import parse_calls, tool_grammar
+
+__all__ = ["TurnOptions"]
+
+NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
+SPEC_K = 4  # draft tokens per verify: 5-row batches stay in the bitwise-equal regime
+
+SchemaArg = SchemaInput | Constraint | None
+"""What ``schema=`` takes: a Pydantic class, a JSON-schema dict/text/bool, or a JSON
+``Constraint``."""
+
+
+class TurnOptions(TypedDict, total=False):
+    """Per-call options of every send-like method (``send``, ``asend``, ``stream``,
+    ``astream``, ``resume``, ``run``, ``send_batch`` ...), written once."""
+
+    constraint: Constraint | LogitProcessor | None
+    """``Constraint.regex(...)``, ``Constraint.lark(...)`` or any ``LogitProcessor``."""
+    max_tokens: int | None
+    """Reply token limit (default: the conversation's)."""
+    sampling: SamplingParams | None
+    """Sampling for this call only (default: the conversation's, with its RNG)."""
+    stop: str | Sequence[str] | None
+    """Stop strings for free text (a string is one stop string)."""
+    schema_in_prompt: bool
+    """Also append the schema to the user message as text."""
+    tools: Sequence[Any] | None
+    """Tools the model may call (``@tool`` functions, Pydantic models, ``Tool``)."""
+    tool_choice: str
+    """``auto`` | ``required`` | ``none`` | a tool's name."""
+    parallel_tool_calls: bool | int
+    """Allow more than one call in a reply (an int: at most that many)."""
+    speculative: bool
+    """Grammar-drafted speculative decoding (same output, fewer forward passes)."""
+
+
+OPTION_NAMES = frozenset(TurnOptions.__annotations__)
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Refuse an option no send-like method knows (the typed signature's runtime twin)."""
+    unknown = set(options) - OPTION_NAMES
+    if unknown:
+        raise InvalidParameter(sorted(unknown)[0], "unknown send option")
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What the conversation contributes to planning a turn."""
+
+    engine: StepEngine
+    template: ChatTemplate
+    history: list[Message]
+    """The messages so far, system first."""
+    sampler: Sampler
+    """The conversation's sampler (its RNG persists across turns)."""
+    no_think: bool = False
+    think_budget: int = 256
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class KVState:
+    """A conversation's claim on the engine's KV cache, kept between turns."""
+
+    owner: int
+    """Stable id of the conversation."""
+    seq: int | None = None
+    """The sequence it last used (kept when nobody else took it)."""
+    tokens: list[int] = field(default_factory=list)
+    """What that sequence holds, in order."""
+
+
+@dataclass
+class TurnPlan:
+    """Everything decided before the first token."""
+
+    prompt: list[int]
+    stop_ids: frozenset[int]
+    max_tokens: int
+    sampler: Sampler
+    processor: LogitProcessor | None = None
+    constraint: Constraint | None = None
+    thinking: bool = False
+    stop_strings: tuple[str, ...] = ()
+    tools: list[Tool] = field(default_factory=list)
+    user: Message | None = None
+    speculative: DraftSource | None = None
+
+
+def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
+              options: TurnOptions) -> TurnPlan:
+    """Validate, choose the template, build the grammar, render and tokenize.
+
+    Raises the refusals (``InvalidParameter``, ``SchemaInvalid``, ``SchemaUnsupported``,
+    ``GrammarInvalid``, ``TemplateError``, ``ToolDefinitionError``) before any decode.
+    """
+    check_options(dict(options))
+    engine = ctx.engine
+    constraint = options.get("constraint")
+    if text is not None and not isinstance(text, str):
+        raise InvalidParameter("text", f"must be a str, not {type(text).__name__}")
+    if schema is not None and constraint is not None:
+        raise InvalidParameter("schema", "give schema= or constraint=, not both")
+    given_tools = options.get("tools")
+    tools = check_tools(given_tools) if given_tools else []
+    if tools and constraint is not None:
+        raise InvalidParameter("constraint", "tools= builds its own grammar")
+    max_tokens = options.get("max_tokens")
+    max_tokens = ctx.max_tokens if max_tokens is None else max_tokens
+    if max_tokens < 1:
+        raise InvalidParameter("max_tokens", f"must be >= 1, got {max_tokens}")
+    loaded = load_schema(schema) if schema is not None and not isinstance(
+        schema, Constraint) else None
+    if options.get("schema_in_prompt") and schema is None:
+        raise InvalidParameter("schema_in_prompt", "needs schema=")
+    user = None
+    if text is not None:
+        note = _schema_note(schema, loaded) if options.get("schema_in_prompt") else ""
+        user = Message("user", text + note)
+    constrained = schema is not None or constraint is not None or bool(tools)
+    stop = options.get("stop")
+    if stop and constrained:
+        raise InvalidParameter("stop", "stop strings end free text; a constraint ends itself")
+    stop_strings = (stop_tuple(stop) if stop is not None
+                    else () if constrained else ctx.stop)
+
+    template = ctx.template
+    if tools and not template.supports_tools:
+        template = ChatTemplate.for_model(engine, tools=True)
+    stop_token = turn_stop_token(engine, template)
+    thinking = (constrained and not tools and not ctx.no_think
+                and template.supports_thinking)
+    plan = TurnPlan(prompt=[], stop_ids=frozenset({stop_token, engine.eos_id}),
+                    max_tokens=max_tokens, sampler=ctx.sampler, thinking=thinking,
+                    stop_strings=stop_strings, tools=tools, user=user)
+    if tools:
+        plan.constraint = _tools_constraint(engine, tools, loaded, schema, options,
+                                            stop_token)
+    elif isinstance(schema, Constraint):
+        if schema.kind != "json_schema":
+            raise InvalidParameter("schema", "a Constraint given as schema= must be JSON")
+        if thinking:
+            raise InvalidParameter("schema", "thinking needs a schema, not a Constraint")
+        plan.constraint = schema.bind(engine, stop_token)
+    elif loaded is not None:
+        plan.constraint = _schema_constraint(engine, loaded, stop_token,
+                                             think_budget=max(1, min(ctx.think_budget,
+                                                                     max_tokens // 2))
+                                             if thinking else None)
+    elif isinstance(constraint, Constraint):
+        plan.constraint = constraint.bind(engine, stop_token)
+    plan.processor = plan.constraint if plan.constraint is not None else constraint
+    plan.prompt = _render(ctx, template, plan, tools)
+    sampling = options.get("sampling")
+    if sampling is not None:
+        plan.sampler = Sampler(sampling)
+    if options.get("speculative"):
+        proc = plan.processor
+        plan.speculative = (ConstrainedSource(proc, PromptLookupSource())
+                            if isinstance(proc, DraftAwareProcessor) else PromptLookupSource())
+    return plan
+
+
+def stop_tuple(stop: str | Sequence[str]) -> tuple[str, ...]:
+    """Stop strings as a tuple; a plain string is ONE stop string (not its letters)."""
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if not all(isinstance(s, str) for s in stop):
+        raise InvalidParameter("stop", "stop strings must be strings")
+    return tuple(s for s in stop if s)
+
+
+def turn_stop_token(engine: Vocabulary, template: ChatTemplate) -> int:
+    """The token that ends an assistant turn under ``template``."""
+    if template.end_of_turn:
+        ids = engine.tokenize(template.end_of_turn, special=True)
+        if len(ids) == 1 and engine.is_control(ids[0]):
+            return ids[0]
+    return engine.eot_id
+
+
+def _render(ctx: TurnContext, template: ChatTemplate, plan: TurnPlan,
+            tools: list[Tool]) -> list[int]:
+    engine = ctx.engine
+    segments = template.render(
+        [*ctx.history, *([plan.user] if plan.user else [])],
+        add_generation_prompt=True,
+        tools=[t.definition.for_template() for t in tools] or None,
+        enable_thinking=(False if ctx.no_think else None) if template.supports_thinking
+        else None,
+        bos_token=engine.detokenize([engine.bos_id]) if engine.bos_id >= 0 else "",
+        eos_token=engine.detokenize([engine.eos_id]) if engine.eos_id >= 0 else "",
+    )
+    if ctx.no_think and not template.supports_thinking:
+        segments.append(Segment("markup", NO_THINK_PREFILL))
+    if plan.thinking:
+        segments.append(Segment("markup", "<think>"))
+    prompt = tokenize_segments(engine, segments)
+    if engine.add_bos and (not prompt or prompt[0] != engine.bos_id):
+        prompt.insert(0, engine.bos_id)
+    return prompt
+
+
+def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchema | None,
+                      schema: SchemaArg, options: TurnOptions, stop_token: int) -> Constraint:
+    if isinstance(schema, Constraint):
+        raise InvalidParameter("schema", "with tools=, give the output as a schema")
+    if loaded is not None and not isinstance(loaded.doc, dict):
+        raise InvalidParameter("schema", "the output schema must be an object schema")
+    out_doc = loaded.doc if loaded is not None and isinstance(loaded.doc, dict) else None
+    lark = tool_grammar(tools, options.get("tool_choice", "auto"),
+                        parallel=options.get("parallel_tool_calls", True), output=out_doc)
+
+    def build() -> Constraint:
+        made = Constraint.lark(lark, model=engine, stop_token=stop_token)
+        made.reader = loaded.reader() if loaded is not None else None
+        return made
+
+    cls = loaded.model_cls if loaded is not None else None
+    return engine.cache(("tools", lark, cls, stop_token), build).clone()
+
+
+def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int, *,
+                       think_budget: int | None) -> Constraint:
+    """The schema's grammar (or, with a think budget, think text then the schema), compiled
+    once per engine, schema, budget and stop token, cloned per turn."""
+    if think_budget is None:
+        return engine.cache(("schema", loaded.key, loaded.model_cls, stop_token),
+                            lambda: Constraint.json_schema(
+            loaded, model=engine, stop_token=stop_token)).clone()
+
+    def build() -> Constraint:
+        doc = loaded.doc
+        embedded: dict[str, Any] = dict(doc) if isinstance(doc, dict) else {"anyOf": [doc]}
+        embedded["x-guidance"] = {**json_options(), **embedded.get("x-guidance", {})}
+        lark = (
+            'start: think close answer\n'
+            'close: "\\n\\n" | "</think>\\n\\n"\n'
+            f'think[capture, stop="</think>", max_tokens={think_budget}]: /(?s:.*)/\n'
+            f"answer[capture]: %json {json.dumps(embedded)}\n"
+        )
+        made = Constraint.lark(lark, model=engine, stop_token=stop_token)
+        made.reader = loaded.reader()
+        return made
+
+    return engine.cache(("think+schema", loaded.key, loaded.model_cls, think_budget, stop_token),
+                        build).clone()
+
+
+def _schema_note(schema: SchemaArg, loaded: LoadedSchema | None) -> str:
+    doc = schema.source if isinstance(schema, Constraint) else (
+        loaded.doc if loaded is not None else None)
+    return "\n\nAnswer with JSON matching this schema:\n" + json.dumps(doc)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Turn:
+    """A planned turn, stepped: lease, prefill, sample, emit text deltas, finish.
+
+    ``on_complete`` receives the messages the turn adds (the user message, if any, and
+    the assistant's) once the reply passed every check; an abandoned or failed turn
+    adds nothing. ``release`` (every exit path) records what the KV sequence holds and
+    ends the lease. One thread at a time.
+    """
+
+    def __init__(self, engine: StepEngine, plan: TurnPlan, kv: KVState,
+                 on_complete: Callable[[list[Message]], None]) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.kv = kv
+        self.on_complete = on_complete
+        self.gate = CostGate()
+        self._dec: Decoder | None = None
+        self.seq: int | None = None
+        self.text = ""
+        self._detok = IncrementalDetokenizer(engine)
+        self._cut = False  # a stop string ended the text
+        self._held = ""  # text withheld while it may be the start of a stop string
+
+    # ------------------------------------------------------------------ steps
+    @property
+    def done(self) -> bool:
+        return self._dec is not None and self._dec.done
+
+    def open(self) -> Decoder:
+        """Lease the KV sequence and reset the processor; nothing is evaluated yet."""
+        plan = self.plan
+        plan.sampler.processor = plan.processor
+        plan.sampler.reset()  # per-turn reset: one constraint governs each reply afresh
+        self.seq, kept = self.engine.acquire_seq(self.kv.owner, self.kv.seq)
+        self.kv.seq = self.seq
+        reuse = common_prefix(self.kv.tokens, plan.prompt) if kept else 0
+        self._dec = Decoder(self.engine, plan.prompt, plan.sampler,
+                            max_tokens=plan.max_tokens, stop_ids=plan.stop_ids,
+                            seq_id=self.seq, reuse=reuse)
+        return self._dec
+
+    def start(self) -> str:
+        """Open, prefill, and sample the first token; returns the first text delta."""
+        return self._emit(self.open().start())
+
+    def step(self) -> str:
+        """One decode step (a verify step when speculative); returns the text delta."""
+        d = self.decoder
+        if self.plan.speculative is None:
+            return self._emit(d.step())
+        out = ""
+        for tok in d.speculate(self.plan.speculative, SPEC_K, self.gate):
+            if self._cut:
+                break
+            out += self._emit(tok)
+        return out
+
+    def begin(self) -> None:
+        """Batch drivers: drop what the sequence holds past the reused prefix."""
+        self.decoder.begin()
+
+    def chunk(self) -> SeqChunk | None:
+        """Batch drivers: the evaluation the next step needs (None when done)."""
+        return self.decoder.chunk()
+
+    def first(self, row: Logits) -> str:
+        """Batch drivers: the prompt was prefilled externally; sample the first token."""
+        return self._emit(self.decoder.first(row))
+
+    def advance(self, row: Logits) -> str:
+        """Batch drivers: ``chunk()`` was evaluated externally; sample the next token."""
+        return self._emit(self.decoder.advance(row))
+
+    @property
+    def decoder(self) -> Decoder:
+        """The decode loop of an opened turn (its prompt, reuse, sequence, counts)."""
+        if self._dec is None:
+            raise InvalidParameter("turn", "not opened")
+        return self._dec
+
+    def _emit(self, tok: int | None) -> str:
+        if tok is None:
+            return ""
+        delta = self._detok.feed(tok)
+        self.text += delta
+        stops = self.plan.stop_strings
+        if not stops:
+            return delta
+        for s in stops:
+            cut = self.text.find(s)
+            if cut >= 0:
+                emitted = len(self.text) - len(delta) - len(self._held)
+                self.text = self.text[:cut]
+                self._cut = True
+                self.decoder.finish("stop_string")
+                out = self.text[emitted:]
+                self._held = ""
+                return out
+        pending = self._held + delta
+        keep = _stop_prefix_len(pending, stops)
+        self._held = pending[len(pending) - keep :] if keep else ""
+        return pending[: len(pending) - keep]
+
+    def flush(self) -> str:
+        """Text withheld at the end (a partial stop string, an unfinished character)."""
+        tail = self._held
+        self._held = ""
+        if self.decoder.end != "stop_string":
+            rest = self._detok.flush()
+            self.text += rest
+            tail += rest
+        return tail
+
+    # ---------------------------------------------------------------- outcome
+    def complete(self) -> Reply[Any]:
+        """Check the reply (truncation, second reader, tool calls), record it, return it.
+
+        Raises ``Truncated``, ``SchemaViolation`` or ``ToolArgumentsInvalid``; then nothing
+        is recorded.
+        """
+        d = self.decoder
+        gen = d.result()
+        plan = self.plan
+        text = self.text if plan.stop_strings else gen.text
+        reasoning: str | None = None
+        parsed: Any = None
+        calls: list[ToolCall] = []
+        c = plan.constraint
+        end = d.end or "length"
+        if c is not None:
+            if end == "length" and not c.is_accepting():
+                raise Truncated(text, plan.max_tokens)
+            if plan.thinking:
+                reasoning, text = _thinking_parts(c, text)
+            if plan.tools:
+                text, calls = parse_calls(text, plan.tools)
+            if c.reader is not None and not calls:
+                parsed = c.reader.read(text)
+        finish = decide_finish(end, grammar_done=c is not None or d.grammar_done,
+                               tool_calls=bool(calls),
+                               free_text=bool(plan.tools) and c is not None and c.reader is None)
+        usage = Usage(
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=len(gen.tokens),
+            cached_prompt_tokens=gen.prompt_tokens - gen.prompt_tokens_evaluated,
+            prompt_seconds=gen.first_token_seconds,
+            total_seconds=gen.seconds,
+            draft_tokens=d.drafted,
+            accepted_draft_tokens=d.accepted,
+        )
+        added = [plan.user] if plan.user is not None else []
+        added.append(Message("assistant", text, reasoning=reasoning, tool_calls=tuple(calls)))
+        self.on_complete(added)
+        return Reply(text=text, finish_reason=finish, usage=usage, parsed=parsed,
+                     reasoning=reasoning, tool_calls=calls)
+
+    def release(self) -> None:
+        """Record what the KV sequence now holds and end the lease (every exit path)."""
+        if self.seq is None:
+            return
+        self.kv.tokens = self.decoder.kv_tokens()
+        self.engine.release_seq(self.seq)
+        self.seq = None
+
+
+def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def _thinking_parts(c: Constraint, text: str) -> tuple[str, str]:
+    caps = dict(c.captures())
+    think = caps.get("think", b"").decode("utf-8", errors="replace")
+    answer = caps.get("answer")
+    if answer is None:
+        raise SchemaViolation(text, ["no answer after the think block"])
+    return think, answer.decode("utf-8", errors="replace")

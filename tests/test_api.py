@@ -1,0 +1,156 @@
+"""The public API's shape: typed for users, exported whole, layered one way."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import chatkit
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "chatkit"
+
+
+def _mypy(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                           "--config-file", "/dev/null", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_readme_tour_passes_mypy_strict_without_casts() -> None:
+    tour = ROOT / "tests" / "typed" / "tour.py"
+    assert "cast(" not in tour.read_text()
+    proc = _mypy(tour)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_check_can_fail() -> None:
+    """Positive control: a wrong parsed type and a misspelt option are both reported."""
+    proc = _mypy(ROOT / "tests" / "typed" / "wrong.py")
+    assert proc.returncode == 1, proc.stdout
+    assert 'Expression is of type "Verdict", not "int"' in proc.stdout
+    assert '"max_token"' in proc.stdout
+
+
+def _modules() -> list[str]:
+    names = ["chatkit"]
+    for info in pkgutil.walk_packages([str(PACKAGE)], prefix="chatkit."):
+        names.append(info.name)
+    return sorted(n for n in names if n not in {"chatkit.__main__"})
+
+
+def test_every_public_name_is_exported() -> None:
+    """httpx's tests/test_exported_members.py: every name a module declares public (its
+    ``__all__``) is exported by ``chatkit``, and ``chatkit`` exports nothing else."""
+    declared: dict[str, str] = {}
+    for name in _modules():
+        if name == "chatkit":
+            continue
+        module = importlib.import_module(name)
+        assert hasattr(module, "__all__"), f"{name} has no __all__"
+        for member in module.__all__:
+            declared.setdefault(member, name)
+    exported = set(chatkit.__all__) - {"__version__"}
+    assert set(declared) - exported == set(), "declared public but not exported"
+    assert exported - set(declared) == set(), "exported but no module declares it"
+    for member in chatkit.__all__:
+        assert getattr(chatkit, member) is not None, member
+
+
+def test_design_contract_names_import() -> None:
+    from chatkit import (  # noqa: F401  (DESIGN.md's public API)
+        Constraint,
+        Conversation,
+        Model,
+        ModelRetry,
+        SamplingParams,
+        Tool,
+        send_batch,
+        tool,
+    )
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], bool]]:
+    """(imported chatkit module, names, under TYPE_CHECKING) for each import in a file."""
+    module = "chatkit." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+    module = module.removesuffix(".__init__")
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    found: list[tuple[str, list[str], bool]] = []
+
+    def visit(node: ast.AST, typing_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            guarded = typing_only or (isinstance(child, ast.If)
+                                      and "TYPE_CHECKING" in ast.unparse(child.test))
+            if isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - child.level + 1]
+                    target = ".".join([*base, *([child.module] if child.module else [])])
+                else:
+                    target = child.module or ""
+                if target.startswith("chatkit"):
+                    found.append((target, [a.name for a in child.names], typing_only))
+            elif isinstance(child, ast.Import):
+                for a in child.names:
+                    if a.name.startswith("chatkit"):
+                        found.append((a.name, [], typing_only))
+            visit(child, guarded)
+
+    visit(tree, False)
+    return found
+
+
+def _files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """Checked on the syntax tree: ``from .x import _name``, and ``obj._name`` on anything
+    but ``self``/``cls`` (reaching into another object's privates)."""
+    offences = []
+    for path in _files():
+        for target, names, _ in _imports(path):
+            offences += [f"{path.name}: from {target} import {n}" for n in names
+                         if n.startswith("_") and not n.startswith("__")]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name)
+                             and node.value.id in {"self", "cls", "other"})):
+                offences.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert offences == []
+
+
+def test_the_module_graph_has_no_cycles() -> None:
+    """Layers import one way (TYPE_CHECKING imports included): e.g. conversation -> agent
+    -> tools, never back. The lazy ``chatkit/__init__`` is left out (it imports on use)."""
+    graph: dict[str, set[str]] = {}
+    for path in _files():
+        if path == PACKAGE / "__init__.py":
+            continue
+        module = "chatkit." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        graph[module] = {t for t, _, _ in _imports(path) if t != "chatkit" and t != module}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                pytest.fail("import cycle: " + " -> ".join([*stack, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*stack, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert graph["chatkit.tools.definition"].isdisjoint(
+        {"chatkit.conversation", "chatkit.agent", "chatkit.turn"})
