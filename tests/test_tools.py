@@ -301,7 +301,13 @@ def test_injection_through_tool_results_stays_text(smol: Model) -> None:
         return evil
 
     conv = Conversation(smol)
-    conv.run("Weather?", tools=[leak], tool_choice="required", max_steps=3, max_tokens=100)
+    # One forced call, its result recorded as the agent loop does; the property is in the
+    # next prompt, so no free-running reply (whose length a 135M model does not bound) is
+    # needed.
+    reply = conv.send("Weather?", tools=[leak], tool_choice="required",
+                      parallel_tool_calls=False, max_tokens=60)
+    for result in anyio.run(execute_calls, reply.tool_calls, [leak]):
+        conv.add_tool_result(result.call, result.content)
     ids = conv.prompt_ids("again")
     controls = sum(smol.is_control(t) for t in ids)
     rendered = smol.detokenize(ids)
