@@ -27,6 +27,7 @@ from .errors import (
     TemplateError,
     ToolArgumentsInvalid,
     ToolDefinitionError,
+    ToolFormatUnsupported,
     Truncated,
     UserError,
 )
@@ -189,6 +190,7 @@ __all__ = [
     "ToolCall",
     "ToolDefinition",
     "ToolDefinitionError",
+    "ToolFormatUnsupported",
     "ToolResult",
     "Truncated",
     "TurnOptions",

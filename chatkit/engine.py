@@ -86,6 +86,11 @@ class Vocabulary(Protocol):
         """llguidance's ``LLTokenizer`` for this vocabulary, with ``stop_token`` as its EOS."""
         ...
 
+    def special_texts(self) -> tuple[str, ...]:
+        """Texts that tokenizing with ``special=True`` turns into special tokens (control and
+        user-defined tokens): the strings that must never come from content."""
+        ...
+
     def grammar_token_words(self) -> NDArray[np.int32]:
         """Bitmask words (llguidance layout) of the ids a grammar may ever allow: padding and
         undefined ids cleared."""

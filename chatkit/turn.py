@@ -14,6 +14,7 @@ them. Stepping (:class:`Turn`) leases a KV sequence and decodes through the
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -26,11 +27,13 @@ from .messages import Message, Reply, ToolCall, Usage
 from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
 from .schema import LoadedSchema, SchemaInput, json_options, load_schema
 from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
-from .templates import ChatTemplate, Segment, tokenize_segments
+from .templates import ChatTemplate, Segment, fold_system, tokenize_segments
 from .tools.definition import Tool, check_tools
 from .tools.grammar import parse_calls, tool_grammar
 
 __all__ = ["TurnOptions"]
+
+_log = logging.getLogger("chatkit")
 
 NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
 SPEC_K = 4  # draft tokens per verify: 5-row batches stay in the bitwise-equal regime
@@ -159,6 +162,8 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     template = ctx.template
     if tools and not template.supports_tools:
         template = ChatTemplate.for_model(engine, tools=True)
+        _log.info("tools=: template %r (the conversation's %r has no Hermes tool format)",
+                  template.name, ctx.template.name)
     stop_token = turn_stop_token(engine, template)
     thinking = (constrained and not tools and not ctx.no_think
                 and template.supports_thinking)
@@ -214,14 +219,20 @@ def turn_stop_token(engine: Vocabulary, template: ChatTemplate) -> int:
 def _render(ctx: TurnContext, template: ChatTemplate, plan: TurnPlan,
             tools: list[Tool]) -> list[int]:
     engine = ctx.engine
+    messages = [*ctx.history, *([plan.user] if plan.user else [])]
+    if messages and messages[0].role == "system" and not template.supports_system:
+        _log.info("template %r has no system role: the system prompt opens the first user "
+                  "message", template.name)
+        messages = fold_system(messages)
     segments = template.render(
-        [*ctx.history, *([plan.user] if plan.user else [])],
+        messages,
         add_generation_prompt=True,
         tools=[t.definition.for_template() for t in tools] or None,
         enable_thinking=(False if ctx.no_think else None) if template.supports_thinking
         else None,
         bos_token=engine.detokenize([engine.bos_id]) if engine.bos_id >= 0 else "",
         eos_token=engine.detokenize([engine.eos_id]) if engine.eos_id >= 0 else "",
+        special=engine.special_texts(),
     )
     if ctx.no_think and not template.supports_thinking:
         segments.append(Segment("markup", NO_THINK_PREFILL))

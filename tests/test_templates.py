@@ -99,16 +99,32 @@ def test_broken_template_is_template_error() -> None:
         ChatTemplate.from_string("{% for m in messages %}")
 
 
-def test_template_that_alters_content_is_refused() -> None:
-    t = ChatTemplate.from_string("{% for m in messages %}{{ m['content'][:2] }}{% endfor %}")
-    with pytest.raises(TemplateError):
-        t.render([Message("user", "Hello")])
+def test_content_transformations_render_as_the_reference_does() -> None:
+    """Slicing, trimming, splitting content: rendered exactly; special-token text inside the
+    content stays content wherever the transformation puts it."""
+    t = ChatTemplate.from_string(
+        "{% for m in messages %}<|im_start|>{{ m['content'].strip().split(';')[-1][:40] }}"
+        "<|im_end|>{% endfor %}")
+    segs = t.render([Message("user", "  a;b <|im_end|> c  ")])
+    assert "".join(s.text for s in segs) == "<|im_start|>b <|im_end|> c<|im_end|>"
+    assert [s.kind for s in segs] == ["markup", "content", "markup"]
+    assert segs[1].text == "<|im_end|>"
 
 
-def test_content_segments_are_the_messages(smol: Model) -> None:
-    segs = ChatTemplate.for_model(smol).render([Message("user", EVIL)])
-    assert [s.text for s in segs if s.kind == "content"][-1] == EVIL
-    assert all(EVIL not in s.text for s in segs if s.kind == "markup")
+def test_a_template_whose_output_depends_on_special_text_in_content_is_refused() -> None:
+    t = ChatTemplate.from_string(
+        "{% for m in messages %}{{ m['content'].split('<|im_end|>')[0] }}{% endfor %}")
+    assert t.render([Message("user", "plain")])[0].text == "plain"
+    with pytest.raises(TemplateError, match="depends"):
+        t.render([Message("user", "a<|im_end|>b")])
+
+
+def test_content_segments_are_the_special_texts_of_the_messages(smol: Model) -> None:
+    segs = ChatTemplate.for_model(smol).render([Message("user", EVIL)],
+                                               special=smol.special_texts())
+    assert [s.text for s in segs if s.kind == "content"] == [
+        "<|im_end|>", "<|im_start|>", "<|im_end|>", "<|im_start|>"]
+    assert "".join(s.text for s in segs).count(EVIL) == 1
 
 
 def _controls(model: Model, ids: list[int]) -> list[int]:

@@ -1,27 +1,46 @@
 """Chat templates: sandboxed Jinja that renders messages into segment-safe prompts.
 
 A GGUF's embedded template is untrusted input: it is rendered in jinja2's
-``ImmutableSandboxedEnvironment``, and anything the sandbox refuses (or any
-other render failure) is ``TemplateError``. Rendering returns *segments*:
-template markup, tokenized with special-token parsing, and message content,
-tokenized without it, so no message text can ever become a control token.
-The trick: contents are swapped for private-use placeholders before
-rendering and put back as content segments afterwards.
+``ImmutableSandboxedEnvironment`` with what Hugging Face transformers'
+reference renderer offers templates (``raise_exception``, ``strftime_now``,
+``namespace``, loop controls, the ``{% generation %}`` tag, a ``tojson`` that
+does not HTML-escape and takes ``indent``/``ensure_ascii``/``separators``/
+``sort_keys``) and nothing more; anything the sandbox refuses, and any other
+render failure, is ``TemplateError``. The text is the reference renderer's text,
+byte for byte.
+
+Segment safety without assuming simple templates: every occurrence of a
+special-token text (``<|im_end|>``, ``[INST]``, ...) inside any string the
+caller supplied (message contents, reasoning, tool-call arguments, tool
+results, tool descriptions) is swapped for an ASCII marker before rendering.
+Markers survive what templates do to content (``|trim``, ``.split()``,
+``tojson``, slicing, ``startswith``, reversed iteration), so after rendering
+they show exactly where content put special-token text; those spans become
+``content`` segments (tokenized without special-token parsing) and the rest is
+``markup``. The marked rendering, with the markers put back, must equal the
+plain rendering; a template whose output depends on those strings inside
+content is refused (``TemplateError``) rather than tokenized unsafely.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import re
+import secrets
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
 import jinja2.sandbox
 
-from ..errors import TemplateError
+from ..errors import TemplateError, ToolFormatUnsupported
 from ..messages import Message
 
 if TYPE_CHECKING:
@@ -29,10 +48,29 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatTemplate", "Segment"]
 
+_log = logging.getLogger("chatkit")
+
 BUNDLED = ("chatml", "hermes", "qwen3", "gemma")
 
-_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
-_END_MARKERS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
+# Texts that end an assistant turn, by family (the first one a template uses is its marker).
+_END_MARKERS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eot|>", "<|end|>", "<turn|>",
+                "<|END_OF_TURN_TOKEN|>", "<｜end▁of▁sentence｜>", "<|user|>")  # noqa: RUF001
+
+COMMON_SPECIAL_TEXTS = (
+    "<|im_start|>", "<|im_end|>", "<|im_sep|>", "<|endoftext|>", "<|begin_of_text|>",
+    "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|start_header_id|>",
+    "<|end_header_id|>", "<|python_tag|>", "<|header_start|>", "<|header_end|>", "<|eot|>",
+    "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<s>", "</s>", "[INST]", "[/INST]",
+    "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+    "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "<tool_call>", "</tool_call>",
+    "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|tool_call|>",
+    "<|start|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>",
+    "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
+    "<|SYSTEM_TOKEN|>", "<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",  # noqa: RUF001
+    "<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",  # noqa: RUF001
+)
+"""Special-token texts of common families, always protected inside content (the engine's
+own special tokens are added to these)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +78,8 @@ class Segment:
     """A piece of a rendered prompt."""
 
     kind: Literal["markup", "content"]
-    """markup: the template's own text (special tokens parsed); content: message text."""
+    """markup: the template's text (special tokens parsed); content: special-token text that
+    came from a caller's string (tokenized as plain text)."""
     text: str
 
 
@@ -48,23 +87,149 @@ def _raise_exception(message: str) -> NoReturn:
     raise TemplateError(f"the template refused the messages: {message}")
 
 
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+class _GenerationTag(jinja2.ext.Extension):
+    """transformers' ``{% generation %}...{% endgeneration %}``: marks assistant text for
+    training masks; renders its body unchanged."""
+
+    tags = {"generation"}  # noqa: RUF012  (jinja2 declares it a plain set attribute)
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
 
 
-def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    # As Hugging Face renders chat templates: trim/lstrip blocks, lenient undefined.
+def _environment(now: Callable[[], datetime]) -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+    # As transformers renders chat templates: trim/lstrip blocks, loop controls, no escaping.
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, autoescape=False
+        trim_blocks=True, lstrip_blocks=True, autoescape=False,
+        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
+    env.globals["strftime_now"] = lambda fmt: now().strftime(fmt)
     return env
+
+
+def message_dict(m: Message) -> dict[str, Any]:
+    """A message as templates expect it (OpenAI / transformers shape): tool-call arguments
+    as an object, the think text as ``reasoning_content``."""
+    item: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.reasoning is not None:
+        item["reasoning_content"] = m.reasoning
+    if m.tool_calls:
+        item["tool_calls"] = [{"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}}
+                              for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        item["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        item["name"] = m.name
+    return item
+
+
+def _normalize(message: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers' message normalisation: None-valued keys dropped; reasoning given as
+    ``reasoning_content``, ``thinking`` or ``reasoning`` is offered under both
+    ``reasoning_content`` and ``thinking``."""
+    out = {k: v for k, v in message.items() if v is not None}
+    for key in ("reasoning_content", "thinking", "reasoning"):
+        if key in out:
+            out.setdefault("reasoning_content", out[key])
+            out.setdefault("thinking", out[key])
+            break
+    return out
+
+
+class _SpecialIndex:
+    """Finds special-token texts in a string fast (thousands of them for a 262k vocabulary):
+    candidate positions by their first character, then the longest text that starts there."""
+
+    def __init__(self, specials: tuple[str, ...]) -> None:
+        by_first: dict[str, list[str]] = {}
+        for t in sorted(set(specials), key=len, reverse=True):
+            if t:
+                by_first.setdefault(t[0], []).append(t)
+        self.by_first = by_first
+        self.first = (re.compile("[" + "".join(map(re.escape, sorted(by_first))) + "]")
+                      if by_first else None)
+
+    def sub(self, text: str, swap: Callable[[str], str]) -> str:
+        if self.first is None:
+            return text
+        out: list[str] = []
+        pos = 0
+        m = self.first.search(text)
+        while m is not None:
+            i = m.start()
+            hit = next((t for t in self.by_first[text[i]] if text.startswith(t, i)), None)
+            if hit is None:
+                m = self.first.search(text, i + 1)
+                continue
+            out += [text[pos:i], swap(hit)]
+            pos = i + len(hit)
+            m = self.first.search(text, pos)
+        out.append(text[pos:])
+        return "".join(out)
+
+
+@functools.lru_cache(maxsize=8)
+def _index(specials: tuple[str, ...]) -> _SpecialIndex:
+    return _SpecialIndex(tuple(dict.fromkeys((*COMMON_SPECIAL_TEXTS, *specials))))
+
+
+class _Marker:
+    """Swaps special-token texts inside caller strings for ASCII markers, and back."""
+
+    def __init__(self, specials: tuple[str, ...]) -> None:
+        self.index = _index(specials)
+        self.nonce = secrets.token_hex(4)
+        self.found: list[str] = []
+        self.marker = re.compile(f"CKSEG{self.nonce}x(\\d{{6}})x")
+
+    def mark(self, value: Any, *, key: str | None = None) -> Any:
+        if isinstance(value, str):
+            return value if key in ("role", "type") else self.index.sub(value, self._swap)
+        if isinstance(value, Mapping):
+            return {k: self.mark(v, key=k) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.mark(v) for v in value]
+        return value
+
+    def _swap(self, text: str) -> str:
+        self.found.append(text)
+        return f"CKSEG{self.nonce}x{len(self.found) - 1:06d}x"
+
+    def restore(self, text: str) -> str:
+        return self.marker.sub(lambda m: self.found[int(m.group(1))], text)
+
+    def segments(self, text: str) -> list[Segment]:
+        out: list[Segment] = []
+        pos = 0
+        for m in self.marker.finditer(text):
+            if m.start() > pos:
+                out.append(Segment("markup", text[pos : m.start()]))
+            out.append(Segment("content", self.found[int(m.group(1))]))
+            pos = m.end()
+        if pos < len(text):
+            out.append(Segment("markup", text[pos:]))
+        return _merge(out)
+
+
+def _merge(segments: list[Segment]) -> list[Segment]:
+    merged: list[Segment] = []
+    for seg in segments:
+        if merged and merged[-1].kind == seg.kind:
+            merged[-1] = Segment(seg.kind, merged[-1].text + seg.text)
+        else:
+            merged.append(seg)
+    return merged
 
 
 class ChatTemplate:
@@ -79,8 +244,10 @@ class ChatTemplate:
         self.source = source
         self.name = name
         self.end_of_turn = end_of_turn or next((m for m in _END_MARKERS if m in source), None)
+        self._now: datetime | None = None
+        env = _environment(lambda: self._now or datetime.now())
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {name!r} does not compile: {exc}") from exc
 
@@ -99,22 +266,84 @@ class ChatTemplate:
 
     @classmethod
     def for_model(cls, model: Vocabulary, *, tools: bool = False) -> ChatTemplate:
-        """The GGUF's template when present (and able to list tools when ``tools``);
-        else the bundled one matching the vocabulary's turn markers (gemma or
-        ChatML, with the Hermes tool format when ``tools``)."""
-        if model.chat_template and (not tools or "tools" in model.chat_template):
-            return cls(model.chat_template, name="gguf")
-        if _single_control(model, "<start_of_turn>") and not tools:
+        """The template a model's conversation uses, and the choice logged:
+
+        - the GGUF's own template, when it has one (for ``tools``: when it formats tool
+          calls the Hermes way; a template with another tool format is
+          ``ToolFormatUnsupported``);
+        - else a bundled one, only when the model's own control tokens spell its markup:
+          ``gemma`` for ``<start_of_turn>`` vocabularies, ``chatml`` (``hermes`` with tools)
+          for ``<|im_start|>``/``<|im_end|>`` ones; any other vocabulary is
+          ``TemplateError`` (``ToolFormatUnsupported`` with tools): pass ``template=``.
+        """
+        own = cls(model.chat_template, name="gguf") if model.chat_template else None
+        chatml = _single_control(model, "<|im_start|>") and _single_control(model, "<|im_end|>")
+        if own is not None and not tools:
+            _log.info("template: the model's own (GGUF)")
+            return own
+        if own is not None and own.tool_format == "hermes":
+            _log.info("template: the model's own (GGUF), Hermes tool calls")
+            return own
+        if own is not None and own.mentions_tools:
+            raise ToolFormatUnsupported(own.name, "the model's template formats tool calls in "
+                                        "a way other than Hermes <tool_call> JSON, the one "
+                                        "chatkit constrains")
+        if tools:
+            if not chatml:
+                raise ToolFormatUnsupported(
+                    own.name if own else model.name, "the model has no tool-call format and "
+                    "no ChatML control tokens to carry the Hermes one")
+            _log.info("template: bundled 'hermes' (the model's own has no tool format)")
+            return cls.bundled("hermes")
+        if _single_control(model, "<start_of_turn>"):
+            _log.info("template: bundled 'gemma' (the GGUF has none)")
             return cls.bundled("gemma")
-        return cls.bundled("hermes" if tools else "chatml")
+        if chatml:
+            _log.info("template: bundled 'chatml' (the GGUF has none)")
+            return cls.bundled("chatml")
+        raise TemplateError(f"{model.name} has no chat template and its vocabulary matches no "
+                            "bundled one; pass template= (a ChatTemplate)")
 
     @property
     def supports_thinking(self) -> bool:
+        """The template has a thinking switch (``enable_thinking``)."""
         return "enable_thinking" in self.source
 
     @property
+    def mentions_tools(self) -> bool:
+        """The template reads a ``tools`` variable."""
+        return re.search(r"\btools\b", self.source) is not None
+
+    @property
+    def tool_format(self) -> Literal["hermes"] | None:
+        """``hermes`` when the template lists tools and writes calls as Hermes
+        ``<tool_call>`` JSON (``{"name": ..., "arguments": ...}``): the format chatkit's tool
+        grammar produces. None for templates without tools or with another format
+        (Llama 3.x JSON / python_tag, Mistral ``[TOOL_CALLS]``, Qwen3-Coder XML, GLM
+        ``<arg_key>``, gpt-oss, Command-R, DeepSeek, Phi-4)."""
+        src = self.source
+        if ("<tool_call>" in src and '"name"' in src and "<function=" not in src
+                and "<arg_key>" not in src and self.mentions_tools):
+            return "hermes"
+        return None
+
+    @property
     def supports_tools(self) -> bool:
-        return "tools" in self.source
+        """chatkit can use this template with ``tools=``."""
+        return self.tool_format is not None
+
+    @functools.cached_property
+    def supports_system(self) -> bool:
+        """The template renders a system message (probed once): else a conversation's
+        system prompt is folded into its first user message."""
+        probe = [Message("system", "SYSTEMPROBE"), Message("user", "hi")]
+        no_tools: tuple[list[dict[str, Any]] | None, ...] = (None, [])
+        for tools in no_tools:  # tool-use templates may need a tools list, even empty
+            try:
+                return "SYSTEMPROBE" in "".join(s.text for s in self.render(probe, tools=tools))
+            except TemplateError:
+                continue
+        return False
 
     def render(
         self,
@@ -125,33 +354,12 @@ class ChatTemplate:
         enable_thinking: bool | None = None,
         bos_token: str = "",
         eos_token: str = "",
+        special: Collection[str] = (),
+        now: datetime | None = None,
     ) -> list[Segment]:
-        """Render to segments; message texts come back as ``content`` segments only.
-
-        Raises ``TemplateError`` when the template fails, is refused by the
-        sandbox, or alters a message's content (which would defeat the
-        markup/content separation).
-        """
-        contents: list[str] = []
-
-        def slot(text: str) -> str:
-            if not text:  # nothing to protect; keeps `if message.content` tests truthful
-                return ""
-            contents.append(text)
-            return f"\ue000{len(contents) - 1}\ue001"
-
-        rendered_messages = []
-        for m in messages:
-            item: dict[str, Any] = {"role": m.role, "content": slot(m.content)}
-            item["tool_calls"] = [slot(json.dumps({"name": c.name, "arguments": c.arguments},
-                                                  ensure_ascii=False)) for c in m.tool_calls]
-            if m.tool_call_id is not None:
-                item["tool_call_id"] = m.tool_call_id
-            if m.name is not None:
-                item["name"] = m.name
-            rendered_messages.append(item)
+        """Render chatkit messages to segments (see :meth:`render_context`)."""
         variables: dict[str, Any] = {
-            "messages": rendered_messages,
+            "messages": [message_dict(m) for m in messages],
             "add_generation_prompt": add_generation_prompt,
             "bos_token": bos_token,
             "eos_token": eos_token,
@@ -160,34 +368,69 @@ class ChatTemplate:
             variables["tools"] = tools
         if enable_thinking is not None:
             variables["enable_thinking"] = enable_thinking
+        return self.render_context(variables, special=special, now=now)
+
+    def render_context(self, variables: Mapping[str, Any], *, special: Collection[str] = (),
+                       now: datetime | None = None) -> list[Segment]:
+        """Render template variables (``messages`` as OpenAI-style dicts, ``tools``,
+        ``add_generation_prompt``, ``bos_token``, ...) exactly as transformers'
+        ``apply_chat_template`` does, to segments.
+
+        ``special``: special-token texts of the tokenizer (added to
+        ``COMMON_SPECIAL_TEXTS``); where they occur inside caller strings they come back
+        as ``content`` segments. ``now`` pins ``strftime_now``. Raises ``TemplateError``
+        when the template fails, raises, is refused by the sandbox, or makes its output
+        depend on special-token text inside content.
+        """
+        plain = dict(variables)
+        plain["messages"] = [_normalize(m) for m in variables.get("messages", [])]
+        if plain.get("tools") is None:
+            plain["tools"] = None
+        marker = _Marker(tuple(special))
+        marked = {k: marker.mark(v) if k in ("messages", "tools") else v
+                  for k, v in plain.items()}
+        if not marker.found:
+            text = self._render(plain, now)
+            return [Segment("markup", text)] if text else []
         try:
-            text = self._template.render(**variables)
+            text = self._render(marked, now)
+        except TemplateError:
+            self._render(plain, now)  # the template's own error, in the caller's words
+            raise self._depends() from None
+        if marker.restore(text) != self._render(plain, now):
+            raise self._depends()
+        return marker.segments(text)
+
+    def _depends(self) -> TemplateError:
+        return TemplateError(f"template {self.name!r} treats special-token text inside "
+                             "message content as markup (its output depends on it); refused")
+
+    def _render(self, variables: Mapping[str, Any], now: datetime | None) -> str:
+        self._now = now
+        try:
+            return self._template.render(**variables)
         except TemplateError:
             raise
         except jinja2.exceptions.SecurityError as exc:
             raise TemplateError(f"template {self.name!r} tried an unsafe operation: {exc}") from exc
         except Exception as exc:  # any failure inside a foreign template
-            raise TemplateError(f"template {self.name!r} failed: {exc}") from exc
-        return _split(text, contents, self.name)
+            raise TemplateError(f"template {self.name!r} failed: {type(exc).__name__}: {exc}"
+                                ) from exc
+        finally:
+            self._now = None
 
 
-def _split(text: str, contents: list[str], name: str) -> list[Segment]:
-    if "\ue000" in _PLACEHOLDER.sub("", text) or "\ue001" in _PLACEHOLDER.sub("", text):
-        raise TemplateError(f"template {name!r} altered message content")
-    segments: list[Segment] = []
-    pos = 0
-    for match in _PLACEHOLDER.finditer(text):
-        if match.start() > pos:
-            segments.append(Segment("markup", text[pos : match.start()]))
-        index = int(match.group(1))
-        if index >= len(contents):
-            raise TemplateError(f"template {name!r} altered message content")
-        if contents[index]:
-            segments.append(Segment("content", contents[index]))
-        pos = match.end()
-    if pos < len(text):
-        segments.append(Segment("markup", text[pos:]))
-    return segments
+def fold_system(messages: list[Message]) -> list[Message]:
+    """For templates without a system role: the system text opens the first user message
+    (as Gemma's own templates do), never dropped."""
+    if not messages or messages[0].role != "system":
+        return messages
+    system, rest = messages[0].content, list(messages[1:])
+    for i, m in enumerate(rest):
+        if m.role == "user":
+            rest[i] = Message("user", f"{system}\n\n{m.content}")
+            return rest
+    return [Message("user", system), *rest]
 
 
 def tokenize_segments(model: Vocabulary, segments: list[Segment]) -> list[int]:
