@@ -308,7 +308,9 @@ def main() -> None:
     ap.add_argument("--schemas", type=int, default=len(SCHEMAS))
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "peers.png")
+    ap.add_argument("--plot", type=Path, default=ROOT / "bench" / "out" / "peers.png",
+                    help="where the plot goes (the README's is docs/peers.png: pass it to "
+                         "update it; the default is untracked)")
     args = ap.parse_args()
     try:
         import matplotlib  # noqa: F401

@@ -12,6 +12,7 @@ one-at-a-time evaluation, so a batched reply equals the reply sent alone.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Unpack, overload
@@ -169,10 +170,15 @@ class _Lockstep:
                 while self.waiting and self.model.free_seqs() > 0:
                     i = self.waiting.popleft()
                     try:
-                        self.turns[i].open()
+                        if not self.turns[i].try_open():  # taken by another thread meanwhile
+                            self.waiting.appendleft(i)
+                            break
                         admitted.append(i)
                     except ChatkitError as exc:
                         self.results[i] = exc
+                if not admitted and not self.live and self.waiting:
+                    time.sleep(0.005)  # every sequence is leased by other threads' turns
+                    continue
                 if admitted:
                     self._prefill(admitted)
                     self.live += [i for i in admitted if self.results[i] is None]
@@ -233,7 +239,8 @@ class _Lockstep:
             d = turns[i].decoder
             lcp = min(common_prefix(lead_dec.prompt, d.prompt),
                       len(lead_dec.prompt) - 1, len(d.prompt) - 1)
-            if lcp >= MIN_SHARED_PREFIX and lcp > d.reuse and lcp > lead_dec.reuse:
+            if (model.kv_unified and lcp >= MIN_SHARED_PREFIX and lcp > d.reuse
+                    and lcp > lead_dec.reuse):
                 followers.append(i)
                 shared = lcp if not shared else min(shared, lcp)
         if followers:

@@ -51,6 +51,9 @@ def _read_arg(value: str, *, what: str, error: type[Exception]) -> str:
             return path.read_text(encoding="utf-8")
         except OSError as exc:
             raise _make(error, what, f"cannot read {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise _make(error, what, f"{path} is not UTF-8 text: {exc.reason} at byte "
+                        f"{exc.start}") from None
     return value
 
 
@@ -66,7 +69,14 @@ def _looks_like_path(value: str) -> bool:
     v = value.strip()
     if not v or "\n" in v or v.startswith(("{", "[")):
         return False
-    return Path(v).is_file() or v.endswith((".json", ".lark", ".txt", ".regex"))
+    return _is_file(v) or v.endswith((".json", ".lark", ".txt", ".regex"))
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):  # too long a name, a NUL byte: not a file
+        return False
 
 
 def _constraint(args: argparse.Namespace) -> Constraint | None:
@@ -86,7 +96,7 @@ def _constraint(args: argparse.Namespace) -> Constraint | None:
         if value is None:
             continue
         raw = _read_arg(value, what=flag, error=GrammarInvalid)
-        if not value.startswith("@") and Path(raw.strip()).is_file():
+        if not value.startswith("@") and _is_file(raw.strip()):
             raise GrammarInvalid(flag, f"{raw!r} is a file; did you mean @{raw}?")
         return build(raw)
     return None

@@ -14,6 +14,7 @@ grammar completes only the configured stop token remains.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,12 +33,17 @@ from .schema import (
     SchemaReader,
     Whitespace,
     compile_json_schema,
+    grammar_problem,
     load_schema,
 )
 
 __all__ = ["Constraint"]
 
 ConstraintKind = Literal["json_schema", "regex", "lark"]
+
+MAX_REPEAT = 10_000
+"""Largest counted repetition (``a{n}``, ``a{n,m}``) a regex may use."""
+_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 
 class Constraint:
@@ -111,6 +117,10 @@ class Constraint:
         trailing = len(pattern) - len(pattern.rstrip("\\"))
         if trailing % 2:  # llguidance would silently drop a dangling escape
             raise GrammarInvalid("regex", "pattern ends with a dangling backslash")
+        for m in _REPEAT.finditer(pattern):
+            if max(int(n) for n in m.groups() if n) > MAX_REPEAT:
+                raise GrammarInvalid("regex", f"repetition {m.group(0)} exceeds {MAX_REPEAT} "
+                                     "(the lexer's automaton would not fit its limits)")
         grammar = _checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
         made = cls("regex", grammar, source=pattern, stop_token=stop_token)
         return made.bind(model) if model is not None else made
@@ -290,8 +300,9 @@ class Constraint:
 
 def _checked(grammar: str, kind: ConstraintKind) -> str:
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if failed:
-        raise _refusal(kind, "; ".join(messages))
+    problem = "; ".join(messages) if failed else grammar_problem(grammar)
+    if problem:
+        raise _refusal(kind, problem)
     return grammar
 
 

@@ -11,17 +11,19 @@ loop (``run``/``arun``) lives in :mod:`chatkit.agent` and drives the same turns.
 from __future__ import annotations
 
 import json
+import logging
 import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar, Unpack, overload
+from typing import Any, Generic, Literal, TypeVar, Unpack, overload
 
+import anyio
 from pydantic import BaseModel
 
 from .agent import ToolResult, arun_agent, run_agent
 from .concurrency import run_blocking
 from .constraints import Constraint
 from .engine import StepEngine
-from .errors import InvalidParameter
+from .errors import ContextOverflow, InvalidParameter
 from .messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from .sampling import Sampler, SamplingParams
 from .templates import ChatTemplate
@@ -37,6 +39,8 @@ from .turn import (
 )
 
 __all__ = ["AsyncReplyStream", "Conversation", "ReplyStream"]
+
+_log = logging.getLogger("chatkit")
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -67,6 +71,7 @@ class Conversation:
         max_tokens: int = 512,
         template: ChatTemplate | str | None = None,
         think_budget: int = 256,
+        context_policy: Literal["drop_oldest"] | None = None,
     ) -> None:
         if max_tokens < 1:
             raise InvalidParameter("max_tokens", f"must be >= 1, got {max_tokens}")
@@ -86,6 +91,14 @@ class Conversation:
         self.stop = stop_tuple(stop)
         self.max_tokens = max_tokens
         self.think_budget = think_budget
+        if context_policy not in (None, "drop_oldest"):
+            raise InvalidParameter("context_policy",
+                                   f"None or 'drop_oldest', not {context_policy!r}")
+        self.context_policy = context_policy
+        """None: a turn that cannot fit is ``ContextOverflow``. ``"drop_oldest"``: the oldest
+        exchanges (a user message and all that answers it, tool calls and results included)
+        are left out of the prompt until it fits; the system prompt always stays, and
+        ``messages`` keeps everything."""
         self.template = (ChatTemplate.bundled(template) if isinstance(template, str)
                          else template or ChatTemplate.for_model(model))
         self.messages: list[Message] = history
@@ -133,12 +146,25 @@ class Conversation:
         """Plan one turn without running it (every refusal happens here); ``text`` None
         continues from the last message. Drivers (``send_batch``, the engine loop) step
         the returned ``Turn``."""
-        ctx = TurnContext(engine=self.model, template=self.template, history=self.history(),
-                          sampler=self.sampler, no_think=self.no_think,
-                          think_budget=self.think_budget, max_tokens=self.max_tokens,
-                          stop=self.stop)
-        return Turn(self.model, plan_turn(ctx, text, schema, options), self.kv,
-                    self.messages.extend)
+        head = [Message("system", self.system)] if self.system else []
+        start = 0
+        while True:
+            ctx = TurnContext(engine=self.model, template=self.template,
+                              history=head + self.messages[start:], sampler=self.sampler,
+                              no_think=self.no_think, think_budget=self.think_budget,
+                              max_tokens=self.max_tokens, stop=self.stop)
+            try:
+                plan = plan_turn(ctx, text, schema, options)
+                break
+            except ContextOverflow:
+                nxt = _next_exchange(self.messages, start) if self.context_policy else None
+                if nxt is None:
+                    raise
+                start = nxt
+        if start:
+            _log.info("context_policy=%r: %d oldest messages left out of this turn's prompt",
+                      self.context_policy, start)
+        return Turn(self.model, plan, self.kv, self.messages.extend)
 
     def prompt_ids(self, text: str, schema: SchemaArg = None,
                    **options: Unpack[TurnOptions]) -> list[int]:
@@ -282,6 +308,15 @@ class Conversation:
                                 max_steps=max_steps, schema=schema, options=options)
 
 
+def _next_exchange(messages: Sequence[Message], start: int) -> int | None:
+    """Index of the user message that opens the exchange after the one at ``start`` (None:
+    nothing more can be left out without dropping the turn being answered)."""
+    for i in range(start + 1, len(messages)):
+        if messages[i].role == "user":
+            return i
+    return None
+
+
 def _agent_tools(options: TurnOptions) -> Sequence[Any]:
     check_options(dict(options))
     tools = options.get("tools")
@@ -351,6 +386,12 @@ class AsyncReplyStream(Generic[T]):
         model = conv.model
         turn = await run_blocking(model, lambda: conv.plan(text, schema, **options))
         try:
+            waited = 0.0
+            while not await run_blocking(model, turn.try_open):
+                if waited > model.seq_wait:
+                    turn.open(wait=0)  # raises the named error
+                await anyio.sleep(0.01)
+                waited += 0.01
             delta = await run_blocking(model, turn.start)
             if delta:
                 yield delta

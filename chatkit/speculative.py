@@ -89,17 +89,19 @@ class ConstrainedSource:
 class CostGate:
     """Speculate only while it pays; switch off for ``pause`` steps when it does not.
 
-    With step timings (``record(..., seconds=, tokens=)``), "pays" is measured: the
-    recent tokens/s of verify steps against that of plain steps (steps without a
-    draft: nothing proposed, or the gate off), both as moving averages, so the gate
-    learns what a verify batch really costs on this machine. Until both rates are
-    known it uses the cost model: a verify of d drafts yields 1 + acceptance*d tokens
-    and costs 1 + per_token_cost*d single passes.
+    By default the decision is reproducible: it depends only on draft acceptance (a
+    verify of d drafts yields 1 + acceptance*d tokens and costs 1 + per_token_cost*d
+    single passes; 0.8 measured on a 2-core CPU), never on the clock, so the same
+    prompt drafts the same way whatever the machine load. ``timed=True`` (opt-in) also
+    learns from step timings: the recent tokens/s of verify steps against plain steps,
+    as moving averages, once both are known.
     """
 
-    def __init__(self, per_token_cost: float = 0.43, pause: int = 8) -> None:
+    def __init__(self, per_token_cost: float = 0.8, pause: int = 8, *,
+                 timed: bool = False) -> None:
         self.per_token_cost = per_token_cost
         self.pause = pause
+        self.timed = timed
         self.acceptance = 1.0  # optimistic start: try speculation first
         self.plain_rate: float | None = None  # tokens/s, moving average
         self.spec_rate: float | None = None
@@ -115,7 +117,7 @@ class CostGate:
                tokens: int | None = None) -> None:
         """One step: ``drafted`` tokens verified, ``accepted`` of them kept; optionally the
         step's wall time and the tokens it produced."""
-        rate = tokens / seconds if seconds and tokens else None
+        rate = tokens / seconds if self.timed and seconds and tokens else None
         if drafted <= 0:
             if rate is not None:
                 self.plain_rate = _ema(self.plain_rate, rate)
@@ -123,7 +125,7 @@ class CostGate:
         self.acceptance = 0.7 * self.acceptance + 0.3 * (accepted / drafted)
         if rate is not None:
             self.spec_rate = _ema(self.spec_rate, rate)
-        if self.plain_rate is not None and self.spec_rate is not None:
+        if self.timed and self.plain_rate is not None and self.spec_rate is not None:
             pays = self.spec_rate >= self.plain_rate
         else:  # tokens gained per verify vs its cost, both in single-step units
             pays = 1.0 + self.acceptance * drafted >= 1.0 + self.per_token_cost * drafted

@@ -13,8 +13,10 @@ them. Stepping (:class:`Turn`) leases a KV sequence and decodes through the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -22,7 +24,7 @@ from typing import Any, TypedDict
 from .constraints import Constraint
 from .decoding import Decoder, decide_finish
 from .engine import IncrementalDetokenizer, SeqChunk, StepEngine, Vocabulary
-from .errors import InvalidParameter, SchemaViolation, Truncated
+from .errors import ContextOverflow, InvalidParameter, SchemaViolation, Truncated
 from .messages import Message, Reply, ToolCall, Usage
 from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
 from .schema import LoadedSchema, SchemaInput, json_options, load_schema
@@ -53,6 +55,12 @@ class TurnOptions(TypedDict, total=False):
     """Reply token limit (default: the conversation's)."""
     sampling: SamplingParams | None
     """Sampling for this call only (default: the conversation's, with its RNG)."""
+    temperature: float
+    """This call's temperature (the conversation's other sampling settings kept)."""
+    top_p: float
+    """This call's top-p."""
+    seed: int | None
+    """This call's seed (a fresh RNG for this reply)."""
     stop: str | Sequence[str] | None
     """Stop strings for free text (a string is one stop string)."""
     schema_in_prompt: bool
@@ -188,7 +196,16 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
         plan.constraint = constraint.bind(engine, stop_token)
     plan.processor = plan.constraint if plan.constraint is not None else constraint
     plan.prompt = _render(ctx, template, plan, tools)
+    if len(plan.prompt) + max_tokens > engine.n_ctx_seq:
+        raise ContextOverflow(len(plan.prompt), max_tokens, engine.n_ctx_seq)
     sampling = options.get("sampling")
+    overrides: dict[str, Any] = {k: v for k, v in options.items()
+                                 if k in ("temperature", "top_p", "seed")}
+    if sampling is not None and overrides:
+        raise InvalidParameter(sorted(overrides)[0], "give sampling= or per-call "
+                               "temperature/top_p/seed, not both")
+    if overrides:
+        sampling = dataclasses.replace(ctx.sampler.params, **overrides)
     if sampling is not None:
         plan.sampler = Sampler(sampling)
     if options.get("speculative"):
@@ -260,7 +277,7 @@ def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchem
         return made
 
     cls = loaded.model_cls if loaded is not None else None
-    return engine.cache(("tools", lark, cls, stop_token), build).clone()
+    return _compiled(engine, ("tools", lark, cls, stop_token), build, "tool grammar").clone()
 
 
 def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int, *,
@@ -268,9 +285,10 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
     """The schema's grammar (or, with a think budget, think text then the schema), compiled
     once per engine, schema, budget and stop token, cloned per turn."""
     if think_budget is None:
-        return engine.cache(("schema", loaded.key, loaded.model_cls, stop_token),
-                            lambda: Constraint.json_schema(
-            loaded, model=engine, stop_token=stop_token)).clone()
+        return _compiled(engine, ("schema", loaded.key, loaded.model_cls, stop_token),
+                         lambda: Constraint.json_schema(loaded, model=engine,
+                                                        stop_token=stop_token),
+                         "schema grammar").clone()
 
     def build() -> Constraint:
         doc = loaded.doc
@@ -286,8 +304,27 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
         made.reader = loaded.reader()
         return made
 
-    return engine.cache(("think+schema", loaded.key, loaded.model_cls, think_budget, stop_token),
-                        build).clone()
+    return _compiled(engine, ("think+schema", loaded.key, loaded.model_cls, think_budget,
+                              stop_token), build, "think+schema grammar").clone()
+
+
+def _compiled(engine: Vocabulary, key: Any, build: Callable[[], Constraint],
+              what: str) -> Constraint:
+    """A grammar compiled once per engine and key (logged: compile time, or a cache hit)."""
+    hit = True
+
+    def timed() -> Constraint:
+        nonlocal hit
+        hit = False
+        started = time.perf_counter()
+        made = build()
+        _log.debug("%s compiled in %.1f ms", what, (time.perf_counter() - started) * 1000)
+        return made
+
+    made = engine.cache(key, timed)
+    if hit:
+        _log.debug("%s: cache hit", what)
+    return made
 
 
 def _schema_note(schema: SchemaArg, loaded: LoadedSchema | None) -> str:
@@ -333,12 +370,13 @@ class Turn:
     def done(self) -> bool:
         return self._dec is not None and self._dec.done
 
-    def open(self) -> Decoder:
-        """Lease the KV sequence and reset the processor; nothing is evaluated yet."""
+    def open(self, wait: float | None = None) -> Decoder:
+        """Lease the KV sequence (waiting up to ``wait`` seconds for a free one, None: the
+        engine's default) and reset the processor; nothing is evaluated yet."""
         plan = self.plan
+        self.seq, kept = self.engine.acquire_seq(self.kv.owner, self.kv.seq, wait=wait)
         plan.sampler.processor = plan.processor
         plan.sampler.reset()  # per-turn reset: one constraint governs each reply afresh
-        self.seq, kept = self.engine.acquire_seq(self.kv.owner, self.kv.seq)
         self.kv.seq = self.seq
         reuse = common_prefix(self.kv.tokens, plan.prompt) if kept else 0
         self._dec = Decoder(self.engine, plan.prompt, plan.sampler,
@@ -347,8 +385,20 @@ class Turn:
         return self._dec
 
     def start(self) -> str:
-        """Open, prefill, and sample the first token; returns the first text delta."""
-        return self._emit(self.open().start())
+        """Open (if not yet), prefill, and sample the first token; the first text delta."""
+        decoder = self._dec if self._dec is not None else self.open()
+        return self._emit(decoder.start())
+
+    def try_open(self) -> bool:
+        """Open now if a KV sequence is free (async drivers wait between tries, outside the
+        engine's limiter, so running turns keep stepping)."""
+        if self._dec is not None:
+            return True
+        try:
+            self.open(wait=0)
+        except InvalidParameter:
+            return False
+        return True
 
     def step(self) -> str:
         """One decode step (a verify step when speculative); returns the text delta."""
@@ -455,6 +505,9 @@ class Turn:
             draft_tokens=d.drafted,
             accepted_draft_tokens=d.accepted,
         )
+        _log.debug("turn: %d prompt tokens (%d cached), %d reply tokens, first token %.3f s, "
+                   "total %.3f s, %s", usage.prompt_tokens, usage.cached_prompt_tokens,
+                   usage.completion_tokens, usage.prompt_seconds, usage.total_seconds, finish)
         added = [plan.user] if plan.user is not None else []
         added.append(Message("assistant", text, reasoning=reasoning, tool_calls=tuple(calls)))
         self.on_complete(added)

@@ -20,7 +20,8 @@ class Verdict(BaseModel):
 
 
 def main() -> None:
-    model = Model.load(n_seq_max=8)
+    # One shared KV pool, so the lanes' common prompt is evaluated once and copied.
+    model = Model.load(n_seq_max=8, kv_unified=True)
     result = quorum(model, "Review: a pull request that deletes all tests to make CI green.",
                     schema=Verdict, lanes=5, system="You review code changes.",
                     max_tokens=120)

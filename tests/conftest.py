@@ -24,14 +24,14 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smol() -> Iterator[Model]:
-    model = Model.load(n_ctx=2048, n_seq_max=4)
+    model = Model.load(n_ctx=4096, n_seq_max=4)
     yield model
     model.close()
 
 
 @pytest.fixture(scope="session")
 def gemma() -> Iterator[Model]:
-    model = Model.load(gemma_path(), n_ctx=1024, n_seq_max=2)
+    model = Model.load(gemma_path(), n_ctx=2048, n_seq_max=2)
     yield model
     model.close()
 

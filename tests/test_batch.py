@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -122,7 +123,16 @@ def test_asend_batch_equals_send_batch(smol: Model) -> None:
     assert anyio.run(main) == sync
 
 
-def test_quorum_shares_the_prefix_and_votes(smol: Model) -> None:
+@pytest.fixture(scope="module")
+def unified() -> Iterator[Model]:
+    """One shared KV pool: prefix copies between sequences (kv_unified=True)."""
+    model = Model.load(n_ctx=2048, n_seq_max=4, kv_unified=True)
+    yield model
+    model.close()
+
+
+def test_quorum_shares_the_prefix_and_votes(unified: Model) -> None:
+    smol = unified
     prompt = "Review: a pull request that deletes all tests to make CI green."
     result = quorum(smol, prompt, schema=Verdict, lanes=3, system=SYSTEM, max_tokens=80)
     assert len(result.verdicts) == 3

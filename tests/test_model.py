@@ -97,7 +97,14 @@ def test_decode_many_sequences_in_one_call_returns_views(smol: Model) -> None:
     smol.clear()
 
 
-def test_seq_cp_and_seq_rm(smol: Model) -> None:
+def test_seq_cp_needs_a_unified_cache(smol: Model) -> None:
+    assert not smol.kv_unified  # the default: a KV stream per sequence
+    with pytest.raises(InvalidParameter):
+        smol.seq_cp(0, 1)  # llama.cpp would abort the process here
+
+
+def test_seq_cp_and_seq_rm() -> None:
+    smol = Model.load(n_ctx=1024, n_seq_max=2, kv_unified=True)
     prompt = smol.tokenize("A list of fruits: apple, banana,", special=False)
     nxt = smol.tokenize(" cherry", special=False)
     smol.clear()
@@ -113,6 +120,7 @@ def test_seq_cp_and_seq_rm(smol: Model) -> None:
     assert np.array_equal(r0, r1b)
     smol.clear()
     assert smol.seq_pos_max(0) == -1
+    smol.close()
 
 
 def test_decode_refusals(smol: Model) -> None:

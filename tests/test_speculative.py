@@ -202,16 +202,31 @@ def test_cost_gate_switches_off_and_back_on() -> None:
     assert all(good.allow() for _ in range(5))
 
 
+def test_the_default_gate_ignores_the_clock() -> None:
+    """Reproducible drafting: the same acceptance history, timed fast or slow, gives the
+    same decisions (a verdict lane cannot depend on machine load)."""
+    decisions = []
+    for seconds in (0.001, 10.0):
+        gate = CostGate(pause=3)
+        gate.record(0, 0, seconds=0.010, tokens=1)
+        seen = []
+        for accepted in (4, 4, 1, 0, 4, 2, 0, 0, 4):
+            seen.append(gate.allow())
+            gate.record(4, accepted, seconds=seconds, tokens=accepted + 1)
+        decisions.append(seen)
+    assert decisions[0] == decisions[1] and False in decisions[0]
+
+
 def test_cost_gate_learns_from_step_timings() -> None:
     # Accepting everything, which the cost model calls a win: measured slower, it stops.
-    slow = CostGate(pause=3)
+    slow = CostGate(pause=3, per_token_cost=0.43, timed=True)
     slow.record(0, 0, seconds=0.010, tokens=1)  # plain: 100 tok/s
     for _ in range(3):
         slow.record(4, 4, seconds=0.080, tokens=5)  # verify: 62 tok/s
     assert [slow.allow() for _ in range(4)] == [False, False, False, True]
     # Accepting half, which the model at a high per-row cost calls a loss: measured
     # faster, it keeps speculating.
-    fast = CostGate(per_token_cost=0.9, pause=3)
+    fast = CostGate(per_token_cost=0.9, pause=3, timed=True)
     fast.record(0, 0, seconds=0.010, tokens=1)
     for _ in range(3):
         fast.record(4, 2, seconds=0.015, tokens=3)  # 200 tok/s

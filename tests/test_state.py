@@ -130,3 +130,26 @@ def test_unknown_options_are_refused_by_name(smol: Model) -> None:
     with pytest.raises(InvalidParameter) as info:
         Conversation(smol).send("hi", max_token=3)  # type: ignore[call-overload]
     assert info.value.name == "max_token"
+
+
+def test_per_call_sampling_options(smol: Model) -> None:
+    conv = Conversation(smol)
+    plan = conv.plan("hi", temperature=0.7, seed=3).plan
+    assert plan.sampler.params.temperature == 0.7 and plan.sampler.params.seed == 3
+    assert plan.sampler is not conv.sampler and conv.sampler.params.temperature == 0.0
+    a = conv.send("Name a colour.", temperature=0.9, seed=5, max_tokens=8).text
+    b = Conversation(smol).send("Name a colour.", temperature=0.9, seed=5, max_tokens=8).text
+    assert a == b
+    with pytest.raises(InvalidParameter):
+        conv.send("hi", temperature=0.5, sampling=conv.sampling)
+
+
+def test_logs_say_what_was_chosen_and_what_it_cost(smol: Model,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="chatkit")
+    Conversation(smol).send("Judge: snow is white.", schema=Verdict, max_tokens=80)
+    text = caplog.text
+    assert "template: the model's own (GGUF)" in text
+    assert "schema grammar" in text and "turn:" in text and "prompt tokens" in text

@@ -143,3 +143,26 @@ def test_injected_markup_never_becomes_control_tokens(smol: Model) -> None:
         # the naive way (whole prompt, specials on) is the hole being closed
         naive = smol.tokenize("".join(s.text for s in t.render(hostile)), special=True)
         assert len(_controls(smol, naive)) > len(_controls(smol, ids_h))
+
+
+@pytest.mark.parametrize("source", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% set ns = namespace(x=9) %}{% for i in range(6) %}{% set ns.x = ns.x ** ns.x %}"
+    "{% endfor %}{{ ns.x }}",
+    "{{ 10 ** 100000000 }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}{{ ns.s|length }}",
+    "{{ 'x' * 100000000 }}",
+    "{{ messages|tojson(indent=100000000) }}",
+    "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
+])
+def test_hostile_templates_end_in_template_error_within_the_budget(source: str) -> None:
+    """A GGUF's template is untrusted input: bombs end in TemplateError within the render
+    budget (time, and the size of what the template builds), never a stall."""
+    import time
+
+    t = ChatTemplate.from_string(source)
+    started = time.monotonic()
+    with pytest.raises(TemplateError):
+        t.render(MSGS)
+    assert time.monotonic() - started < 10

@@ -24,18 +24,23 @@ content is refused (``TemplateError``) rather than tokenized unsafely.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import re
 import secrets
-from collections.abc import Callable, Collection, Mapping
+import sys
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import jinja2
+import jinja2.compiler
 import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
@@ -93,6 +98,16 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
                       sort_keys=sort_keys)
 
 
+def _bounded_tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+                    separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    if isinstance(indent, int) and indent > 64:
+        raise jinja2.exceptions.SecurityError(f"tojson indent {indent} too large")
+    text = _tojson(value, ensure_ascii, indent, separators, sort_keys)
+    if len(text) > RENDER_CHARS:
+        raise jinja2.exceptions.SecurityError("tojson output too large")
+    return text
+
+
 class _GenerationTag(jinja2.ext.Extension):
     """transformers' ``{% generation %}...{% endgeneration %}``: marks assistant text for
     training masks; renders its body unchanged."""
@@ -105,13 +120,59 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
+RENDER_SECONDS = 2.0
+"""Wall-time budget of one rendering: a template is untrusted input and must not stall."""
+RENDER_CHARS = 2_000_000
+"""Largest string a template may build (its output, a concatenation, a repetition)."""
+
+
+class _BoundedCodegen(jinja2.compiler.CodeGenerator):
+    """Compiles ``a ~ b`` to a length-checked join (string doubling in a loop is a bomb)."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """The reference renderer's sandbox, with bounds on what arithmetic and concatenation
+    may build (``range`` is already capped by jinja2's sandbox)."""
+
+    code_generator_class = _BoundedCodegen
+    intercepted_binops = frozenset({"**", "*", "+"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and (
+                right > 0 and abs(left) > 1 and right * max(1, abs(left).bit_length()) > 4096):
+            raise jinja2.exceptions.SecurityError("integer power too large")
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, str | list | tuple) and isinstance(times, int) and \
+                        len(seq) * times > RENDER_CHARS:
+                    raise jinja2.exceptions.SecurityError("repetition too large")
+        result = super().call_binop(context, operator, left, right)
+        if isinstance(result, str | list) and len(result) > RENDER_CHARS:
+            raise jinja2.exceptions.SecurityError("value too large")
+        return result
+
+    @staticmethod
+    def bounded_concat(parts: Any) -> str:
+        text = "".join(map(str, parts))
+        if len(text) > RENDER_CHARS:
+            raise jinja2.exceptions.SecurityError("string too large")
+        return text
+
+
 def _environment(now: Callable[[], datetime]) -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     # As transformers renders chat templates: trim/lstrip blocks, loop controls, no escaping.
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         trim_blocks=True, lstrip_blocks=True, autoescape=False,
         extensions=[jinja2.ext.loopcontrols, _GenerationTag],
     )
-    env.filters["tojson"] = _tojson
+    env.filters["tojson"] = _bounded_tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: now().strftime(fmt)
     return env
@@ -408,9 +469,20 @@ class ChatTemplate:
     def _render(self, variables: Mapping[str, Any], now: datetime | None) -> str:
         self._now = now
         try:
-            return self._template.render(**variables)
+            with _deadline(RENDER_SECONDS):
+                out: list[str] = []
+                size = 0
+                for piece in self._template.generate(**variables):
+                    size += len(piece)
+                    if size > RENDER_CHARS:
+                        raise jinja2.exceptions.SecurityError("output too large")
+                    out.append(piece)
+                return "".join(out)
         except TemplateError:
             raise
+        except _OverBudget as exc:
+            raise TemplateError(f"template {self.name!r} exceeded its render budget: {exc}"
+                                ) from None
         except jinja2.exceptions.SecurityError as exc:
             raise TemplateError(f"template {self.name!r} tried an unsafe operation: {exc}") from exc
         except Exception as exc:  # any failure inside a foreign template
@@ -418,6 +490,34 @@ class ChatTemplate:
                                 ) from exc
         finally:
             self._now = None
+
+
+class _OverBudget(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise inside a template's own code once ``seconds`` have passed: a line tracer on
+    compiled-template frames only (jinja2 compiles templates to Python), restored after."""
+    end = time.monotonic() + seconds
+    previous = sys.gettrace()
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if time.monotonic() > end:
+            raise _OverBudget(f"more than {seconds:g} s")
+        return local
+
+    def calls(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_filename == "<template>":
+            return local
+        return None
+
+    sys.settrace(calls)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
 
 
 def fold_system(messages: list[Message]) -> list[Message]:
