@@ -89,6 +89,7 @@ class Constraint:
         # Per grammar state, for allows(): -1 nothing forced, -2 forced bytes without a
         # whole token, else the first canonical forced token. None: not computed yet.
         self._forced: int | None = None
+        self._spare_core = False  # auto prefetch: a core the engine's threads leave free
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -159,6 +160,7 @@ class Constraint:
         self._matcher = matcher.deep_copy()
         self._mask = llguidance.numpy.allocate_token_bitmask(1, model.n_vocab)
         self._static = model.grammar_token_words()
+        self._spare_core = _spare_core(model)
         self._schedule()
         return self
 
@@ -173,6 +175,7 @@ class Constraint:
             other._matcher = self._initial.deep_copy()
             other._mask = np.empty_like(self._mask)
             other._static = self._static
+            other._spare_core = self._spare_core
             other.prefetch = self.prefetch
             other.check_first = self.check_first
             other._schedule()
@@ -214,8 +217,7 @@ class Constraint:
         self._has_prepared = False
         prefetch = self.prefetch
         if prefetch is None:
-            threads = self.model.n_threads if isinstance(self.model, StepEngine) else 0
-            prefetch = self.model is not None and (os.cpu_count() or 1) > threads
+            prefetch = self._spare_core
         if prefetch:
             self._pending = _mask_pool().submit(self._compute)
 
@@ -296,6 +298,13 @@ class Constraint:
     def __repr__(self) -> str:
         bound = self.model.name if self.model is not None else "unbound"
         return f"Constraint({self.kind}, {bound})"
+
+
+def _spare_core(model: Vocabulary) -> bool:
+    """Whether the machine has a core the engine's compute threads leave free (checked once
+    per binding: a protocol isinstance costs tens of microseconds)."""
+    threads = model.n_threads if isinstance(model, StepEngine) else 0
+    return (os.cpu_count() or 1) > threads
 
 
 def _checked(grammar: str, kind: ConstraintKind) -> str:
