@@ -3,7 +3,7 @@
     chatkit run --prompt TEXT|@FILE|- [--json-schema JSON|@FILE | --lark G|@FILE | --regex P]
                 [--model PATH] [--system TEXT|@FILE] [--no-think] [--max-tokens N]
                 [--temperature T] [--top-p P] [--seed N] [--stop STR ...] [--speculative]
-                [--json] [--debug]
+                [--threads N] [--json] [--debug]
     chatkit info [--model PATH]
 
 Every answer parses, or the command fails by name: one line on stderr,
@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
     from .model import Model
     from .sampling import SamplingParams
 
-    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=1)
+    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=1, n_threads=args.threads)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
                         stop=args.stop or (), max_tokens=args.max_tokens)
@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--stop", action="append", help="stop string for free text (repeatable)")
     run.add_argument("--n-ctx", type=_positive_int, default=4096, help=argparse.SUPPRESS)
+    run.add_argument("--threads", type=_positive_int, default=None,
+                     help="llama.cpp threads (default: every core)")
     run.add_argument("--speculative", action="store_true",
                      help="grammar-drafted speculative decoding (same output, fewer passes)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
