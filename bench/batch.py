@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    model = Model.load(n_ctx=8192, n_seq_max=8)
+    model = Model.load(n_ctx=8192, n_seq_max=8, kv_unified=True)  # lanes copy the prefix
     ns = [1, 2, 4, 8]
     cols = ["raw", "lock_unc", "seq_unc", "lock_con", "seq_con", "lock_dec"]
     res: dict[tuple[int, str], list[float]] = {(n, c): [] for n in ns for c in cols}

@@ -285,7 +285,7 @@ class Model:
             tokens = [b"\xff" + p if a & _ATTR_CONTROL or (
                 a & _ATTR_USER_DEFINED and p.startswith(b"<") and p.endswith(b">")) else p
                 for p, a in zip(pieces, attrs.tolist(), strict=True)]
-            fptr = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+            fptr = _llama_tokenize_address()
             started = time.perf_counter()
             made = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
                 tokens=tokens, vocab_ptr=self._vocab, tokenize_fptr=fptr,
@@ -566,6 +566,17 @@ class Model:
             for s in range(self.n_seq_max):
                 if self._seq_owner[s] == owner and not self._seq_busy[s]:
                     self._seq_owner[s] = None
+
+
+def _llama_tokenize_address() -> int | None:
+    """Address of llama.cpp's ``llama_tokenize`` in the library llama_cpp loaded (dlopen of
+    the same file returns the same handle), for llguidance's tokenizer."""
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libllama.so", "libllama.dylib", "llama.dll"):
+        if (lib_dir / name).exists():
+            return ctypes.cast(ctypes.CDLL(str(lib_dir / name)).llama_tokenize,
+                               ctypes.c_void_p).value
+    raise ModelLoadError(str(lib_dir), "llama.cpp's shared library was not found")
 
 
 def cache_dir() -> Path:
