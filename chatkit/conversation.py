@@ -328,11 +328,9 @@ def _agent_tools(options: TurnOptions) -> Sequence[Any]:
 def _drive(turn: Turn) -> Reply[Any]:
     """Run a planned turn to its reply on this thread."""
     try:
-        turn.start()
-        while not turn.done:
-            turn.step()
-        turn.flush()
-        return turn.complete()
+        for step in turn.steps():
+            step()
+        return turn.finish()[1]
     finally:
         turn.release()
 
@@ -350,17 +348,13 @@ class ReplyStream(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         turn = self._turn
         try:
-            delta = turn.start()
-            if delta:
-                yield delta
-            while not turn.done:
-                delta = turn.step()
+            for step in turn.steps():
+                delta = step()
                 if delta:
                     yield delta
-            tail = turn.flush()
+            tail, self.reply = turn.finish()
             if tail:
                 yield tail
-            self.reply = turn.complete()
         finally:
             turn.release()
 
@@ -392,17 +386,13 @@ class AsyncReplyStream(Generic[T]):
                     turn.open(wait=0)  # raises the named error
                 await anyio.sleep(0.01)
                 waited += 0.01
-            delta = await run_blocking(model, turn.start)
-            if delta:
-                yield delta
-            while not turn.done:
-                delta = await run_blocking(model, turn.step)
+            for step in turn.steps():
+                delta = await run_blocking(model, step)
                 if delta:
                     yield delta
-            tail = turn.flush()
+            tail, self.reply = turn.finish()
             if tail:
                 yield tail
-            self.reply = turn.complete()
         finally:
             turn.release()
 

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -388,6 +388,18 @@ class Turn:
         """Open (if not yet), prefill, and sample the first token; the first text delta."""
         decoder = self._dec if self._dec is not None else self.open()
         return self._emit(decoder.start())
+
+    def steps(self) -> Iterator[Callable[[], str]]:
+        """The turn's blocking steps in order, each returning a text delta: drivers run them
+        directly (sync) or in a worker thread (async); then :meth:`finish`."""
+        yield self.start
+        while not self.done:
+            yield self.step
+
+    def finish(self) -> tuple[str, Reply[Any]]:
+        """The withheld tail and the checked, recorded Reply (see :meth:`complete`)."""
+        tail = self.flush()
+        return tail, self.complete()
 
     def try_open(self) -> bool:
         """Open now if a KV sequence is free (async drivers wait between tries, outside the
