@@ -28,6 +28,8 @@ from numpy.typing import NDArray
 from .engine import StepEngine, Vocabulary
 from .errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from .schema import (
+    NUMBER_DIGITS,
+    Digits,
     LoadedSchema,
     SchemaInput,
     SchemaReader,
@@ -100,13 +102,16 @@ class Constraint:
         model: Vocabulary | None = None,
         whitespace: Whitespace = "compact",
         stop_token: int | None = None,
+        digits: Digits = NUMBER_DIGITS,
     ) -> Constraint:
         """JSON conforming to ``schema`` (dict, JSON text, bool or Pydantic model class).
 
-        Raises ``SchemaInvalid`` or ``SchemaUnsupported(keyword, path)``.
+        ``digits`` bounds the numbers the model may write (integer, fractional digits; see
+        ``chatkit.schema.NUMBER_DIGITS``; None: unbounded). Raises ``SchemaInvalid`` or
+        ``SchemaUnsupported(keyword, path)``.
         """
         loaded = load_schema(schema)
-        grammar = compile_json_schema(loaded.doc, whitespace)
+        grammar = compile_json_schema(loaded.doc, whitespace, digits)
         made = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
                    stop_token=stop_token)
         return made.bind(model) if model is not None else made

@@ -185,7 +185,42 @@ def json_options(whitespace: Whitespace = "compact") -> dict[str, Any]:
             "key_separator": key_sep, "lenient": False}
 
 
-def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = "compact") -> str:
+NUMBER_DIGITS = (15, 6)
+"""The default bound on a number the grammar lets the model write: at most 15 integer digits
+and 6 fractional digits (floats), so a number field always ends; a small model otherwise
+writes ``1.0000...`` or ``1000000...`` until ``max_tokens``. Applied to the grammar only (the
+second reader checks the schema as written); a schema's own ``multipleOf``, ``minimum`` and
+``maximum`` take precedence. ``None`` (per constraint) turns it off."""
+
+Digits = tuple[int, int] | None
+
+
+def bound_numbers(schema: Any, digits: Digits = NUMBER_DIGITS) -> Any:
+    """A copy of ``schema`` whose number and integer subschemas carry the digit bound (see
+    ``NUMBER_DIGITS``) where the schema sets none; ``schema`` itself is not changed."""
+    if digits is None or not isinstance(schema, dict):
+        return schema
+    copy = json.loads(json.dumps(schema))
+    whole, fraction = digits
+    limit = 10**whole - 1
+    for _, node in _walk(copy, ""):
+        kind = node.get("type")
+        kinds = set(kind) if isinstance(kind, list) else {kind}
+        if not kinds & {"number", "integer"} or "enum" in node or "const" in node:
+            continue
+        if "number" in kinds and "multipleOf" not in node:
+            node["multipleOf"] = float(f"1e-{fraction}")
+        low = node.get("minimum", node.get("exclusiveMinimum"))
+        high = node.get("maximum", node.get("exclusiveMaximum"))
+        if high is None and (low is None or low < limit):
+            node["maximum"] = limit
+        if low is None and (high is None or high > -limit):
+            node["minimum"] = -limit
+    return copy
+
+
+def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = "compact",
+                        digits: Digits = NUMBER_DIGITS) -> str:
     """Compile a checked schema to an llguidance grammar, refusing what it cannot enforce.
 
     JSON whitespace is bounded: ``compact`` (``,`` and ``:``) by default, or
@@ -197,7 +232,7 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
     options = json_options(whitespace)
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), overrides=options  # type: ignore[arg-type]
+            json.dumps(bound_numbers(schema, digits)), overrides=options  # type: ignore[arg-type]
         )
     except ValueError as exc:
         raise SchemaInvalid(str(exc)) from exc

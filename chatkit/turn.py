@@ -27,7 +27,7 @@ from .engine import IncrementalDetokenizer, SeqChunk, StepEngine, Vocabulary
 from .errors import ContextOverflow, InvalidParameter, SchemaViolation, Truncated
 from .messages import Message, Reply, ToolCall, Usage
 from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
-from .schema import LoadedSchema, SchemaInput, json_options, load_schema
+from .schema import LoadedSchema, SchemaInput, bound_numbers, json_options, load_schema
 from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
 from .templates import ChatTemplate, Segment, fold_system, tokenize_segments
 from .tools.definition import Tool, check_tools
@@ -291,7 +291,7 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
                          "schema grammar").clone()
 
     def build() -> Constraint:
-        doc = loaded.doc
+        doc = bound_numbers(loaded.doc)
         embedded: dict[str, Any] = dict(doc) if isinstance(doc, dict) else {"anyOf": [doc]}
         embedded["x-guidance"] = {**json_options(), **embedded.get("x-guidance", {})}
         lark = (

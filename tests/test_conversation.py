@@ -223,3 +223,22 @@ def test_gemma_conversation_with_bundled_template(gemma: Model) -> None:
     reply = conv.send("Judge: the sea is salty.", schema=Verdict, max_tokens=80)
     assert isinstance(reply.parsed, Verdict)
     assert reply.finish_reason == "constraint_complete"
+
+
+@pytest.mark.gemma
+def test_the_tour_verdict_completes_on_both_models(smol: Model, gemma: Model) -> None:
+    """Numbers end: the grammar bounds their digits (15 integer, 6 fractional), so the
+    README tour's bounded float completes greedy and seeded on both models."""
+    from chatkit import Constraint, SamplingParams, Truncated
+
+    for model in (smol, gemma):
+        for seed in (None, 1, 2):
+            sp = SamplingParams() if seed is None else SamplingParams(temperature=0.8, seed=seed)
+            conv = Conversation(model, system="You review claims.", sampling=sp)
+            v = conv.send("Judge: the sky is green.", schema=Verdict, max_tokens=120).parsed
+            assert 0 <= v.confidence <= 1
+    # Positive control: without the bound, Gemma writes 1.0000... until max_tokens.
+    unbounded = Constraint.json_schema(Verdict, digits=None)
+    with pytest.raises(Truncated):
+        Conversation(gemma, system="You review claims.").send(
+            "Judge: the sky is green.", schema=unbounded, max_tokens=120)

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import InvalidParameter, ToolArgumentsInvalid
 from ..messages import ToolCall
-from ..schema import json_options
+from ..schema import bound_numbers, json_options
 from .definition import Tool
 
 __all__: list[str] = []
@@ -39,7 +39,8 @@ _ids = itertools.count(1)
 def _body_schema(tools: Sequence[Tool]) -> dict[str, Any]:
     branches = [
         {"type": "object",
-         "properties": {"name": {"const": t.name}, "arguments": t.definition.parameters_schema},
+         "properties": {"name": {"const": t.name},
+                        "arguments": bound_numbers(t.definition.parameters_schema)},
          "required": ["name", "arguments"], "additionalProperties": False}
         for t in tools
     ]
@@ -85,7 +86,8 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
             f"body: %json {json.dumps(_body_schema(callable_tools))}",
         ]
     if output is not None:
-        lines.append(f"answer: %json {json.dumps({**output, 'x-guidance': _COMPACT})}")
+        answer = {**bound_numbers(output), "x-guidance": _COMPACT}
+        lines.append(f"answer: %json {json.dumps(answer)}")
     else:
         lines.append(_PLAIN)
     return "\n".join(lines) + "\n"
