@@ -309,8 +309,10 @@ class ChatTemplate:
         env = _environment(lambda: self._now or datetime.now())
         try:
             self._template = env.from_string(source)
-        except jinja2.TemplateError as exc:
-            raise TemplateError(f"template {name!r} does not compile: {exc}") from exc
+        except (jinja2.TemplateError, SyntaxError, RecursionError, MemoryError) as exc:
+            # SyntaxError: jinja2 emits Python that does not compile (`{% break %}` outside a
+            # loop); RecursionError: absurdly nested source. Both are the template's fault.
+            raise TemplateError(f"template {name!r} does not compile: {exc}") from None
 
     @classmethod
     def from_string(cls, source: str, *, name: str = "custom",
