@@ -195,3 +195,6 @@ class Reply(Generic[T]):
     """The think text of a thinking turn, when there was one."""
     tool_calls: list[ToolCall] = field(default_factory=list)
     """Tool calls made in this reply."""
+    dropped_calls: int = 0
+    """Tool calls dropped because they repeated an earlier call of this reply verbatim (the
+    reply ended there)."""

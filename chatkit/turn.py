@@ -31,7 +31,7 @@ from .schema import LoadedSchema, SchemaInput, bound_numbers, json_options, load
 from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
 from .templates import ChatTemplate, Segment, fold_system, tokenize_segments
 from .tools.definition import Tool, check_tools
-from .tools.grammar import parse_calls, tool_grammar
+from .tools.grammar import CALL_BLOCK, CALL_CLOSE, CALL_OPEN, parse_calls, tool_grammar
 
 __all__ = ["TurnOptions"]
 
@@ -362,7 +362,8 @@ class Turn:
         self.seq: int | None = None
         self.text = ""
         self._detok = IncrementalDetokenizer(engine)
-        self._cut = False  # a stop string ended the text
+        self._cut = False  # a stop string (or a repeated tool call) ended the text
+        self.dropped_calls = 0
         self._held = ""  # text withheld while it may be the start of a stop string
 
     # ------------------------------------------------------------------ steps
@@ -452,6 +453,8 @@ class Turn:
             return ""
         delta = self._detok.feed(tok)
         self.text += delta
+        if self.plan.tools and DEDUP_TOOL_CALLS and self.text.endswith(CALL_CLOSE):
+            self._drop_repeated_call()
         stops = self.plan.stop_strings
         if not stops:
             return delta
@@ -469,6 +472,19 @@ class Turn:
         keep = _stop_prefix_len(pending, stops)
         self._held = pending[len(pending) - keep :] if keep else ""
         return pending[: len(pending) - keep]
+
+    def _drop_repeated_call(self) -> None:
+        """A greedy model repeats a finished call until the parallel cap: when the call just
+        closed is identical to an earlier one of this reply, the reply ends before it (the
+        grammar accepts there: calls then the stop token) and ``dropped_calls`` counts it."""
+        blocks = [m.group(1) for m in CALL_BLOCK.finditer(self.text)]
+        if len(blocks) < 2 or not _same_call(blocks[-1], blocks[:-1]):
+            return
+        self.text = self.text[: self.text.rindex(CALL_OPEN)].rstrip("\n")
+        self.dropped_calls += 1
+        self._cut = True
+        self.decoder.finish("stop_string")
+        _log.info("tool call repeated verbatim in one reply: dropped, reply ended")
 
     def flush(self) -> str:
         """Text withheld at the end (a partial stop string, an unfinished character)."""
@@ -490,7 +506,7 @@ class Turn:
         d = self.decoder
         gen = d.result()
         plan = self.plan
-        text = self.text if plan.stop_strings else gen.text
+        text = self.text if plan.stop_strings or self._cut else gen.text
         reasoning: str | None = None
         parsed: Any = None
         calls: list[ToolCall] = []
@@ -524,7 +540,7 @@ class Turn:
         added.append(Message("assistant", text, reasoning=reasoning, tool_calls=tuple(calls)))
         self.on_complete(added)
         return Reply(text=text, finish_reason=finish, usage=usage, parsed=parsed,
-                     reasoning=reasoning, tool_calls=calls)
+                     reasoning=reasoning, tool_calls=calls, dropped_calls=self.dropped_calls)
 
     def release(self) -> None:
         """Record what the KV sequence now holds and end the lease (every exit path)."""
@@ -533,6 +549,22 @@ class Turn:
         self.kv.tokens = self.decoder.kv_tokens()
         self.engine.release_seq(self.seq)
         self.seq = None
+
+
+DEDUP_TOOL_CALLS = True
+"""End a reply at a tool call identical to an earlier one of the same reply (see
+``Turn._drop_repeated_call``)."""
+
+
+def _same_call(body: str, earlier: list[str]) -> bool:
+    def norm(text: str) -> str:
+        try:
+            return json.dumps(json.loads(text), sort_keys=True)
+        except ValueError:
+            return text
+
+    target = norm(body)
+    return any(norm(b) == target for b in earlier)
 
 
 def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:

@@ -327,3 +327,32 @@ def test_parallel_calls_are_bounded() -> None:
     g = tool_grammar(TOOLS, "required", parallel=3)
     assert accepts(g, "\n".join([one] * 3))
     assert not accepts(g, "\n".join([one] * 4))
+
+
+def _repeated_calls(model: Model) -> tuple[int, int]:
+    from chatkit import SamplingParams, Truncated
+
+    repeated = dropped = 0
+    for prompt in PROMPTS:
+        for seed in (None, 1, 2):
+            sp = SamplingParams() if seed is None else SamplingParams(temperature=0.9, seed=seed)
+            try:
+                reply = Conversation(model, sampling=sp).send(
+                    prompt, tools=TOOLS, tool_choice="required", max_tokens=200)
+            except Truncated:
+                continue
+            keys = [json.dumps([c.name, c.arguments], sort_keys=True) for c in reply.tool_calls]
+            repeated += len(keys) - len(set(keys))
+            dropped += reply.dropped_calls
+    return repeated, dropped
+
+
+def test_a_repeated_call_ends_the_reply(smol: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A greedy model repeats a finished call up to the parallel cap; chatkit ends the reply
+    at the first verbatim repeat and reports it (``reply.dropped_calls``)."""
+    repeated, dropped = _repeated_calls(smol)
+    assert repeated == 0 and dropped >= 1
+    import chatkit.turn
+
+    monkeypatch.setattr(chatkit.turn, "DEDUP_TOOL_CALLS", False)  # positive control
+    assert _repeated_calls(smol)[0] >= 1

@@ -32,7 +32,7 @@ CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 _COMPACT = json_options()
 _PLAIN = r"PLAIN: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/"
-_CALL_RE = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+CALL_BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 _ids = itertools.count(1)
 
 
@@ -103,7 +103,7 @@ def parse_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]]:
     calls: list[ToolCall] = []
     first = text.find(CALL_OPEN)
     lead = text if first < 0 else text[:first]
-    for match in _CALL_RE.finditer(text):
+    for match in CALL_BLOCK.finditer(text):
         try:
             body = json.loads(match.group(1))
         except json.JSONDecodeError as exc:
