@@ -284,10 +284,24 @@ def _translate(schema: dict[str, Any] | bool, message: str) -> Exception:
         path = _find(schema, lambda node: isinstance(node.get("$ref"), str)
                      and not node["$ref"].startswith("#"))
         return SchemaUnsupported("$ref", (path or "") + "/$ref", message)
+    for needle, keyword in _UNSUPPORTED_MESSAGES:
+        if needle in message:
+            return SchemaUnsupported(keyword, keyword_path(schema, keyword) or "", message)
     if "regex parse error" in message:
         return SchemaInvalid(f"invalid pattern: {message}",
                              path=_find(schema, lambda node: "pattern" in node) or "")
     return SchemaInvalid(message)
+
+
+# llguidance messages about valid schemas it cannot enforce, and the keyword each names.
+_UNSUPPORTED_MESSAGES = (
+    ("oneOf constraints are not supported", "oneOf"),
+    ("patternProperty regexes", "patternProperties"),
+    ("intersection stack level exceeded", "allOf"),
+    ("minProperties", "minProperties"),
+    ("maxProperties", "maxProperties"),
+    ("propertyNames", "propertyNames"),
+)
 
 
 def keyword_path(schema: Any, keyword: str) -> str | None:

@@ -95,3 +95,17 @@ def test_cli_long_inline_value_and_non_utf8_file(tmp_path: Path) -> None:
 def test_sampling_values_outside_their_range(kw: dict[str, Any]) -> None:
     with pytest.raises(InvalidParameter):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize(("schema", "keyword"), [
+    ({"oneOf": [{"type": "string"}, {"type": "string", "minLength": 1}]}, "oneOf"),
+    ({"type": "object", "patternProperties": {"a": {"type": "string"},
+                                               "b": {"type": "integer"}}}, "patternProperties"),
+])
+def test_valid_but_unenforceable_schemas_name_their_keyword(schema: dict[str, Any],
+                                                            keyword: str) -> None:
+    """Valid JSON Schema that llguidance cannot enforce is SchemaUnsupported (exit 11) with
+    the keyword and its path, not SchemaInvalid ("not a JSON Schema")."""
+    with pytest.raises(SchemaUnsupported) as info:
+        Constraint.json_schema(schema)
+    assert info.value.keyword == keyword and info.value.path == f"/{keyword}"
