@@ -97,7 +97,8 @@ def main() -> None:
     for name in SURFACES:
         outcomes, escapes = run(name, args.examples)
         named = sum(v for k, v in outcomes.items() if k not in ("ok", "ESCAPE", "SLOW (>10 s)"))
-        top = ", ".join(f"{k} {v}" for k, v in outcomes.most_common(4) if k != "ok")
+        top = ", ".join(f"{k} {v}" for k, v in outcomes.most_common(4)
+                        if k not in ("ok", "ESCAPE", "SLOW (>10 s)"))
         print(f"| {name} | {sum(outcomes.values())} | {outcomes['ok']} | {named} ({top}) "
               f"| {outcomes['ESCAPE'] + outcomes['SLOW (>10 s)']} |")
         all_escapes += [f"{name}: {e}" for e in escapes]

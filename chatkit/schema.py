@@ -205,18 +205,24 @@ def bound_numbers(schema: Any, digits: Digits = NUMBER_DIGITS) -> Any:
     limit = 10**whole - 1
     for _, node in _walk(copy, ""):
         kind = node.get("type")
-        kinds = set(kind) if isinstance(kind, list) else {kind}
+        kinds = {k for k in (kind if isinstance(kind, list) else [kind]) if isinstance(k, str)}
         if not kinds & {"number", "integer"} or "enum" in node or "const" in node:
             continue
-        if "number" in kinds and "multipleOf" not in node:
-            node["multipleOf"] = float(f"1e-{fraction}")
         low = node.get("minimum", node.get("exclusiveMinimum"))
         high = node.get("maximum", node.get("exclusiveMaximum"))
+        if not all(v is None or _is_number(v) for v in (low, high)):
+            continue  # not a real bound (e.g. data under an unknown keyword): leave it
+        if "number" in kinds and "multipleOf" not in node:
+            node["multipleOf"] = float(f"1e-{fraction}")
         if high is None and (low is None or low < limit):
             node["maximum"] = limit
         if low is None and (high is None or high > -limit):
             node["minimum"] = -limit
     return copy
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = "compact",

@@ -109,3 +109,11 @@ def test_valid_but_unenforceable_schemas_name_their_keyword(schema: dict[str, An
     with pytest.raises(SchemaUnsupported) as info:
         Constraint.json_schema(schema)
     assert info.value.keyword == keyword and info.value.path == f"/{keyword}"
+
+
+def test_data_under_unknown_keywords_is_not_read_as_bounds() -> None:
+    """Found by bench/fuzz.py: a dict under an unknown keyword whose "type" is not a string
+    (or whose minimum is not a number) crashed the number-digit bound with a TypeError."""
+    for schema in ({"type": "object", "x-meta": {"type": {"a": 1}}},
+                   {"type": "object", "x-meta": {"type": "number", "minimum": "5"}}):
+        Constraint.json_schema(schema)
