@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid
 
@@ -116,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
     from .model import Model
     from .sampling import SamplingParams
 
-    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=1, n_threads=args.threads)
+    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=1, n_threads=args.threads,
+                       progress=_tty_progress("loading model"))
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
                         stop=args.stop or (), max_tokens=args.max_tokens)
@@ -138,6 +139,18 @@ def _run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(reply.text + "\n")
     return 0
+
+
+def _tty_progress(what: str) -> Any:
+    """A progress line on stderr when it is a terminal (nothing otherwise: lanes parse it)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(fraction: float) -> None:
+        end = "\n" if fraction >= 1.0 else ""
+        print(f"\r{what} {fraction:4.0%}", end=end, file=sys.stderr, flush=True)
+
+    return show
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -177,6 +177,7 @@ class Model:
         n_threads: int | None = None,
         n_batch: int = 512,
         kv_unified: bool = False,
+        progress: Callable[[float], object] | None = None,
     ) -> Model:
         """Load a GGUF (``None``: the embedded default model) on the CPU.
 
@@ -187,10 +188,11 @@ class Model:
         one pool of ``n_ctx`` cells and allows prefix copies between sequences (quorum
         lanes evaluate their shared prompt once), at the cost of last-bit differences
         that can flip near-ties. ``n_threads`` defaults to every core (README,
-        "Threads"). Every parameter is checked (``InvalidParameter``) before llama.cpp
-        sees it. Raises ``ModelNotFound`` (default model not installed) or
-        ``ModelLoadError`` (missing, unreadable or corrupt file). Costs about 0.1-0.5 s
-        for the small models.
+        "Threads"). ``progress(fraction)`` is called as the weights load (0.0 to 1.0;
+        returning False cancels the load: ``ModelLoadError``). Every parameter is
+        checked (``InvalidParameter``) before llama.cpp sees it. Raises
+        ``ModelNotFound`` (default model not installed) or ``ModelLoadError`` (missing,
+        unreadable or corrupt file). Costs about 0.1-0.5 s for the small models.
         """
         limits = (("n_ctx", n_ctx, MIN_N_CTX, MAX_N_CTX), ("n_seq_max", n_seq_max, 1, 256),
                   ("n_batch", n_batch, 1, 65536),
@@ -214,10 +216,24 @@ class Model:
         threads = n_threads or default_threads()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        cancelled = False
+        if progress is not None:
+            def report(fraction: float, user_data: Any) -> bool:
+                nonlocal cancelled
+                try:
+                    cancelled = progress(float(fraction)) is False
+                except Exception:  # a failing callback must not unwind through C
+                    _log.exception("progress callback failed; loading goes on")
+                return not cancelled
+
+            callback = llama_cpp.llama_progress_callback(report)  # kept alive by this frame
+            mparams.progress_callback = callback
         _log_lines.clear()
         model = llama_cpp.llama_model_load_from_file(str(resolved).encode(), mparams)
         if not model:
-            raise ModelLoadError(str(resolved), _last_error("llama.cpp could not load the model"))
+            reason = "the progress callback cancelled the load" if cancelled else _last_error(
+                "llama.cpp could not load the model")
+            raise ModelLoadError(str(resolved), reason)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch

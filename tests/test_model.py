@@ -142,3 +142,11 @@ def test_context_full_is_decode_error() -> None:
             small.decode([SeqChunk(0, n, [1] * 4)])
     finally:
         small.close()
+
+
+def test_load_reports_progress_and_can_be_cancelled() -> None:
+    seen: list[float] = []
+    Model.load(n_ctx=256, n_seq_max=1, progress=seen.append).close()
+    assert seen[0] == 0.0 and seen[-1] == 1.0 and seen == sorted(seen)
+    with pytest.raises(ModelLoadError, match="cancelled"):
+        Model.load(n_ctx=256, n_seq_max=1, progress=lambda fraction: False)
