@@ -37,6 +37,7 @@ from .schema import (
     compile_json_schema,
     grammar_problem,
     load_schema,
+    schema_refusal,
 )
 
 __all__ = ["Constraint"]
@@ -111,7 +112,8 @@ class Constraint:
         ``SchemaUnsupported(keyword, path)``.
         """
         loaded = load_schema(schema)
-        grammar = compile_json_schema(loaded.doc, whitespace, digits)
+        # Bound at once: the matcher validates the grammar, so skip the separate pass.
+        grammar = compile_json_schema(loaded.doc, whitespace, digits, validate=model is None)
         made = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
                    stop_token=stop_token)
         return made.bind(model) if model is not None else made
@@ -158,6 +160,8 @@ class Constraint:
         tok = model.llg_tokenizer(stop)
         matcher = llguidance.LLMatcher(tok, self.grammar, log_level=0)
         if matcher.is_error():
+            if self.kind == "json_schema" and isinstance(self.source, dict | bool):
+                raise schema_refusal(self.source, matcher.get_error())
             raise _refusal(self.kind, matcher.get_error())
         self.model = model
         self.stop_token = stop
