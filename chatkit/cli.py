@@ -18,9 +18,9 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid
 
@@ -141,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tty_progress(what: str) -> Any:
+def _tty_progress(what: str) -> Callable[[float], None] | None:
     """A progress line on stderr when it is a terminal (nothing otherwise: lanes parse it)."""
     if not sys.stderr.isatty():
         return None

@@ -112,8 +112,10 @@ class Conversation:
     # ------------------------------------------------------------ state as data
     def history(self) -> list[Message]:
         """The messages sent to the template: system first, then the turns."""
-        head = [Message("system", self.system)] if self.system else []
-        return head + list(self.messages)
+        return self._head() + list(self.messages)
+
+    def _head(self) -> list[Message]:
+        return [Message("system", self.system)] if self.system else []
 
     def to_openai(self) -> list[dict[str, Any]]:
         """The whole history as OpenAI-style message dicts (JSON-serialisable)."""
@@ -146,7 +148,7 @@ class Conversation:
         """Plan one turn without running it (every refusal happens here); ``text`` None
         continues from the last message. Drivers (``send_batch``, the engine loop) step
         the returned ``Turn``."""
-        head = [Message("system", self.system)] if self.system else []
+        head = self._head()
         start = 0
         while True:
             ctx = TurnContext(engine=self.model, template=self.template,

@@ -201,13 +201,14 @@ class Sampler:
         over the vocabulary plus a partial sort of the top candidates.
         """
         token = self._select(logits_row, history)
-        if self.processor is not None:
-            self.processor.commit(token)
+        proc = self._processor  # the attribute, not the property: this runs per token
+        if proc is not None:
+            proc.commit(token)
         return token
 
     def _select(self, row: Logits, history: Sequence[int]) -> int:
         p = self.params
-        proc = self.processor
+        proc = self._processor
         checking = self._checking
         if p.greedy and checking is not None and checking.check_first:
             return self._greedy_checked(row, history, checking)
