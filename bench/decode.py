@@ -30,6 +30,7 @@ import numpy as np
 
 import chatkit.constraints as constraints_mod
 from chatkit import Constraint, Model, Sampler, SamplingParams, generate
+from chatkit.compute import run_on_compute
 
 SCHEMA = {
     "type": "object",
@@ -153,7 +154,7 @@ def bench_model(model: Model, n: int, reps: int) -> dict[str, Any]:
     overlap = every.clone()  # ... with the mask prefetched in a thread during decode
     overlap.prefetch = True
     configs: dict[str, Callable[[], float]] = {
-        "raw": lambda: raw_loop(model, prompt, n),
+        "raw": lambda: run_on_compute(raw_loop, model, prompt, n),  # chatkit's decode thread
         "greedy_unc": lambda: chatkit_run(model, prompt, n, GREEDY, None),
         "greedy_con": lambda: chatkit_run(model, prompt, n, GREEDY, constraint),
         "greedy_every": lambda: chatkit_run(model, prompt, n, GREEDY, every),

@@ -48,6 +48,7 @@ import numpy as np
 from decode import gemma_path, raw_loop
 
 from chatkit import Constraint, Model, Sampler, generate
+from chatkit.compute import run_on_compute
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
@@ -185,13 +186,15 @@ def run(key: tuple[str, str], schema: dict[str, Any], prompt: str, max_tokens: i
         model: Model, llm: Any, om: Any, guard: OutlinesGuard) -> dict[str, Any]:
     engine, mode = key
     constrained = None if mode in {"unconstrained", "raw decode loop"} else schema
+    # The peers run on chatkit's compute thread: libgomp keeps a thread team per thread that
+    # has decoded, and two live teams slow each other 2-3x (chatkit/compute.py).
     if engine == "llama.cpp":
-        return raw_run(model, prompt, max_tokens)
+        return run_on_compute(raw_run, model, prompt, max_tokens)
     if engine == "chatkit":
         return ours_run(model, prompt, constrained, max_tokens, "speculative" in mode)
     if engine == "outlines":
-        return outlines_run(om, guard, prompt, schema, max_tokens)
-    return llama_cpp_run(llm, prompt, constrained, max_tokens)
+        return run_on_compute(outlines_run, om, guard, prompt, schema, max_tokens)
+    return run_on_compute(llama_cpp_run, llm, prompt, constrained, max_tokens)
 
 
 def bench_model(path: Path | None, schemas: list[tuple[str, dict[str, Any]]], max_tokens: int,

@@ -14,6 +14,7 @@ from .errors import (
     ConstraintError,
     ContextOverflow,
     DecodeError,
+    EngineBusy,
     GenerationError,
     GrammarInvalid,
     InvalidParameter,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         Sampler,
         SamplingParams,
     )
+    from .scheduler import EngineLoop, Ticket, engine_loop
     from .schema import SchemaInput, SchemaReader
     from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
     from .templates import ChatTemplate, Segment
@@ -99,6 +101,9 @@ _LAZY = {
     "LogitProcessor": "sampling",
     "Sampler": "sampling",
     "SamplingParams": "sampling",
+    "EngineLoop": "scheduler",
+    "Ticket": "scheduler",
+    "engine_loop": "scheduler",
     "SchemaInput": "schema",
     "SchemaReader": "schema",
     "ConstrainedSource": "speculative",
@@ -152,6 +157,8 @@ __all__ = [
     "DecodeError",
     "DraftAwareProcessor",
     "DraftSource",
+    "EngineBusy",
+    "EngineLoop",
     "FinishReason",
     "GenerateEngine",
     "GenerateRequest",
@@ -187,6 +194,7 @@ __all__ = [
     "SharedProcessorError",
     "StepEngine",
     "TemplateError",
+    "Ticket",
     "Tool",
     "ToolArgumentsInvalid",
     "ToolCall",
@@ -202,6 +210,7 @@ __all__ = [
     "__version__",
     "aquorum",
     "asend_batch",
+    "engine_loop",
     "execute_calls",
     "generate",
     "quorum",

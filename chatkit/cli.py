@@ -4,6 +4,8 @@
                 [--model PATH] [--system TEXT|@FILE] [--no-think] [--max-tokens N]
                 [--temperature T] [--top-p P] [--seed N] [--stop STR ...] [--speculative]
                 [--threads N] [--json] [--debug]
+    chatkit serve [--model PATH] [--host H] [--port N] [--api-key KEY] [--n-ctx N]
+                  [--n-seq-max N] [--max-queue N] [--threads N] [--name NAME]
     chatkit info [--model PATH]
 
 Every answer parses, or the command fails by name: one line on stderr,
@@ -164,6 +166,29 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    try:
+        from .server import serve
+    except ImportError as exc:
+        raise UsageError(f"chatkit serve needs the serve extra (pip install 'chatkit[serve]'):"
+                         f" {exc}") from None
+    from .model import Model
+    from .openai_api import ServerLimits
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max,
+                       n_threads=args.threads, progress=_tty_progress("loading model"))
+    name = args.name or Path(str(model.path)).stem
+    limits = ServerLimits(max_tokens=args.max_tokens_cap)
+    serve(model, name=name, host=args.host, port=args.port,
+          api_key=args.api_key or os.environ.get("CHATKIT_API_KEY") or None, limits=limits,
+          max_queue=args.max_queue)
+    return 0
+
+
 def _positive_int(value: str) -> int:
     try:
         n = int(value)
@@ -201,6 +226,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
     run.set_defaults(func=_run)
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server (needs chatkit[serve])")
+    srv.add_argument("--model", help="GGUF path (default: the embedded SmolLM2)")
+    srv.add_argument("--name", help="the model id clients use (default: the file's stem)")
+    srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
+    srv.add_argument("--port", type=_positive_int, default=8000)
+    srv.add_argument("--api-key", help="required bearer token (or $CHATKIT_API_KEY)")
+    srv.add_argument("--n-ctx", type=_positive_int, default=8192,
+                     help="context tokens, shared by the sequences")
+    srv.add_argument("--n-seq-max", type=_positive_int, default=4,
+                     help="KV sequences: turns decoded together")
+    srv.add_argument("--max-queue", type=_positive_int, default=64,
+                     help="turns that may wait for a sequence (then 429)")
+    srv.add_argument("--max-tokens-cap", type=_positive_int, default=4096,
+                     help="largest max_tokens a request may ask for")
+    srv.add_argument("--threads", type=_positive_int, default=None,
+                     help="llama.cpp threads (default: every core)")
+    srv.add_argument("--debug", action="store_true", help="show tracebacks")
+    srv.set_defaults(func=_serve)
     info = sub.add_parser("info", help="describe a GGUF model")
     info.add_argument("--model", default=None, help="GGUF path (default: embedded SmolLM2)")
     info.add_argument("--debug", action="store_true", help="show tracebacks")

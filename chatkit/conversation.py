@@ -26,6 +26,7 @@ from .engine import StepEngine
 from .errors import ContextOverflow, InvalidParameter
 from .messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from .sampling import Sampler, SamplingParams
+from .scheduler import engine_loop
 from .templates import ChatTemplate
 from .turn import (
     KVState,
@@ -328,7 +329,14 @@ def _agent_tools(options: TurnOptions) -> Sequence[Any]:
 
 
 def _drive(turn: Turn) -> Reply[Any]:
-    """Run a planned turn to its reply on this thread."""
+    """Run a planned turn to its reply (through the engine loop, or on this thread when
+    speculative: verify batches are one sequence's own)."""
+    if turn.plan.speculative is None:
+        ticket = engine_loop(turn.engine).submit(turn)
+        for _ in ticket.deltas():
+            pass
+        assert ticket.reply is not None
+        return ticket.reply
     try:
         for step in turn.steps():
             step()
@@ -349,6 +357,11 @@ class ReplyStream(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         turn = self._turn
+        if turn.plan.speculative is None:
+            ticket = engine_loop(turn.engine).submit(turn)
+            yield from ticket.deltas()
+            self.reply = ticket.reply
+            return
         try:
             for step in turn.steps():
                 delta = step()
@@ -381,6 +394,12 @@ class AsyncReplyStream(Generic[T]):
         conv, (text, schema, options) = self._conv, self._args
         model = conv.model
         turn = await run_blocking(model, lambda: conv.plan(text, schema, **options))
+        if turn.plan.speculative is None:
+            ticket = engine_loop(model).submit(turn)
+            async for delta in ticket.adeltas():
+                yield delta
+            self.reply = ticket.reply
+            return
         try:
             waited = 0.0
             while not await run_blocking(model, turn.try_open):

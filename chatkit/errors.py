@@ -18,7 +18,8 @@ code: context travels as attributes, and each class carries the exit code the
     ├── ModelError                   the model file or the engine
     │   ├── ModelNotFound (20)       no path given and the default model is not installed
     │   ├── ModelLoadError (21)      missing, unreadable or corrupt GGUF (path)
-    │   └── DecodeError (22)         llama_decode failed (context full, ...)
+    │   ├── DecodeError (22)         llama_decode failed (context full, ...)
+    │   └── EngineBusy (23)          the engine loop's queue is full, or no KV sequence came free
     └── GenerationError              what the model produced cannot be returned as a success
         ├── AllTokensMasked (30)     the processor left no selectable token
         ├── ConstraintError (31)     the grammar matcher entered an error state (message)
@@ -40,6 +41,7 @@ __all__ = [
     "ConstraintError",
     "ContextOverflow",
     "DecodeError",
+    "EngineBusy",
     "GenerationError",
     "GrammarInvalid",
     "InvalidParameter",
@@ -182,6 +184,20 @@ class DecodeError(ModelError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"llama_decode failed ({status}): {message}")
         self.status = status
+
+
+class EngineBusy(ModelError):
+    """The engine loop cannot take this turn now: its waiting queue is full (``queued`` of
+    ``max_queue``), or no KV sequence came free within the engine's ``seq_wait``. Running
+    turns are never failed to make room; retry later (a server answers 429)."""
+
+    exit_code = 23
+
+    def __init__(self, reason: str, *, queued: int = 0, max_queue: int = 0) -> None:
+        self.reason = reason
+        self.queued = queued
+        self.max_queue = max_queue
+        super().__init__(f"engine busy: {reason}")
 
 
 class GenerationError(ChatkitError):

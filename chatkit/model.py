@@ -38,6 +38,7 @@ import llama_cpp
 import numpy as np
 from numpy.typing import NDArray
 
+from .compute import run_on_compute
 from .engine import SAFE_PREFILL_CHUNK, IncrementalDetokenizer, SeqChunk
 from .errors import DecodeError, InvalidParameter, ModelLoadError, ModelNotFound
 
@@ -465,7 +466,7 @@ class Model:
                 i += 1
             wanted.append((first_out, rows))
         b.n_tokens = total
-        status = int(llama_cpp.llama_decode(self._ctx, b))
+        status = run_on_compute(_llama_decode, self._ctx, b)
         if status != 0:
             reason = {1: "no KV slot for the batch (context full)", 2: "aborted"}.get(
                 status, _last_error("error")
@@ -582,6 +583,10 @@ class Model:
             for s in range(self.n_seq_max):
                 if self._seq_owner[s] == owner and not self._seq_busy[s]:
                     self._seq_owner[s] = None
+
+
+def _llama_decode(ctx: Any, batch: Any) -> int:
+    return int(llama_cpp.llama_decode(ctx, batch))
 
 
 def _llama_tokenize_address() -> int | None:

