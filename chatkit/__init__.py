@@ -22,6 +22,8 @@ from .errors import (
     ModelError,
     ModelLoadError,
     ModelNotFound,
+    RemoteError,
+    RemoteUnsupported,
     SchemaInvalid,
     SchemaUnsupported,
     SchemaViolation,
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from .messages import FinishReason, Message, Reply, Role, ToolCall, Usage
     from .model import Model
     from .quorum import QuorumOptions, QuorumResult, aquorum, quorum
+    from .remote import RemoteEngine
     from .sampling import (
         CheckingProcessor,
         DraftAwareProcessor,
@@ -101,6 +104,7 @@ _LAZY = {
     "LogitProcessor": "sampling",
     "Sampler": "sampling",
     "SamplingParams": "sampling",
+    "RemoteEngine": "remote",
     "EngineLoop": "scheduler",
     "Ticket": "scheduler",
     "engine_loop": "scheduler",
@@ -179,6 +183,9 @@ __all__ = [
     "PromptLookupSource",
     "QuorumOptions",
     "QuorumResult",
+    "RemoteEngine",
+    "RemoteError",
+    "RemoteUnsupported",
     "Reply",
     "ReplyStream",
     "Role",

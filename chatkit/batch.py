@@ -20,11 +20,11 @@ from typing import Any, Literal, Unpack, overload
 from .concurrency import engine_limiter
 from .constraints import Constraint
 from .conversation import Conversation
-from .engine import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
+from .engine import SAFE_PREFILL_CHUNK, GenerateEngine, SeqChunk, StepEngine
 from .errors import ChatkitError, InvalidParameter, SharedProcessorError
 from .messages import Reply
 from .sampling import LogitProcessor
-from .turn import SchemaArg, Turn, TurnOptions, check_options, common_prefix
+from .turn import SchemaArg, Turn, TurnOptions, check_options, common_prefix, run_remote
 
 __all__ = ["BatchItem", "asend_batch", "send_batch"]
 
@@ -67,7 +67,10 @@ def send_batch(items: Sequence[BatchItem], *, return_exceptions: bool = False,
         return []
     turns = _prepare(items, schema, options)
     results: list[Reply[Any] | ChatkitError | None] = [None] * len(turns)
-    _Lockstep(turns, results).run()
+    if isinstance(turns[0].engine, GenerateEngine):
+        _concurrent(turns, results)  # a remote engine batches concurrent requests itself
+    else:
+        _Lockstep(turns, results).run()
     done = [r for r in results if r is not None]
     if not return_exceptions:
         for r in done:
@@ -150,6 +153,22 @@ def _prepare(items: Sequence[BatchItem], schema: SchemaArg,
         per_item.append((conv, text, merged))
     # Every refusal happens here, before any decode.
     return [conv.plan(text, opts.pop("schema", None), **opts) for conv, text, opts in per_item]
+
+
+def _concurrent(turns: list[Turn], results: list[Reply[Any] | ChatkitError | None]) -> None:
+    """Every turn as its own request, all at once (a remote engine's continuous batching
+    shares the forward passes; its prefix cache shares the prompt)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> None:
+        try:
+            results[i] = run_remote(turns[i])
+        except ChatkitError as exc:
+            results[i] = exc
+
+    with ThreadPoolExecutor(max_workers=min(64, len(turns)),
+                            thread_name_prefix="chatkit-remote") as pool:
+        list(pool.map(one, range(len(turns))))
 
 
 class _Lockstep:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from .agent import ToolResult, arun_agent, run_agent
 from .concurrency import run_blocking
 from .constraints import Constraint
-from .engine import StepEngine
+from .engine import GenerateEngine, StepEngine
 from .errors import ContextOverflow, InvalidParameter
 from .messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from .sampling import Sampler, SamplingParams
@@ -36,6 +36,8 @@ from .turn import (
     TurnOptions,
     check_options,
     plan_turn,
+    remote_deltas,
+    run_remote,
     stop_tuple,
 )
 
@@ -331,6 +333,8 @@ def _agent_tools(options: TurnOptions) -> Sequence[Any]:
 def _drive(turn: Turn) -> Reply[Any]:
     """Run a planned turn to its reply (through the engine loop, or on this thread when
     speculative: verify batches are one sequence's own)."""
+    if isinstance(turn.engine, GenerateEngine):
+        return run_remote(turn)
     if turn.plan.speculative is None:
         ticket = engine_loop(turn.engine).submit(turn)
         for _ in ticket.deltas():
@@ -357,6 +361,11 @@ class ReplyStream(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         turn = self._turn
+        if isinstance(turn.engine, GenerateEngine):
+            out: list[Reply[T]] = []
+            yield from remote_deltas(turn, turn.engine.generate(turn.generate_request()), out)
+            self.reply = out[0]
+            return
         if turn.plan.speculative is None:
             ticket = engine_loop(turn.engine).submit(turn)
             yield from ticket.deltas()
@@ -394,6 +403,13 @@ class AsyncReplyStream(Generic[T]):
         conv, (text, schema, options) = self._conv, self._args
         model = conv.model
         turn = await run_blocking(model, lambda: conv.plan(text, schema, **options))
+        if isinstance(model, GenerateEngine):
+            result = await model.agenerate(turn.generate_request())
+            out: list[Reply[T]] = []
+            for delta in remote_deltas(turn, result, out):
+                yield delta
+            self.reply = out[0]
+            return
         if turn.plan.speculative is None:
             ticket = engine_loop(model).submit(turn)
             async for delta in ticket.adeltas():

@@ -135,6 +135,10 @@ class Decoder:
         route (a prefix copied from a sibling sequence): do not evaluate them."""
         self.reuse = max(0, min(n, len(self.prompt) - 1))
 
+    def mark_start(self) -> None:
+        """Start the clocks (drivers that evaluate nothing here: a replay)."""
+        self._t0 = time.perf_counter()
+
     def begin(self) -> None:
         """Drop whatever the sequence holds past ``reuse`` (drivers prefill afterwards)."""
         self._t0 = time.perf_counter()

@@ -163,6 +163,12 @@ class GenerateRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    messages: Sequence[Any] = ()
+    """The turn's messages, for engines that render their own chat template."""
+    schema: Any = None
+    """The JSON schema when the grammar is exactly one (for engines that take only that)."""
+    grammar_kind: str | None = None
+    """What the grammar is: json_schema, regex, lark, tools or think+schema."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,8 @@ class GenerateResult:
     finish: Literal["stop_token", "length"]
     prompt_tokens: int
     cached_prompt_tokens: int = 0
+    text: str | None = None
+    """The engine's text, when it returns text rather than its own token ids."""
 
 
 @runtime_checkable

@@ -13,13 +13,15 @@ code: context travels as attributes, and each class carries the exit code the
     │   ├── TemplateError (13)       a chat template that fails or is unsafe to render
     │   │   └── ToolFormatUnsupported (16) tools= with a template whose call format is not Hermes
     │   ├── ContextOverflow (17)     prompt + max_tokens exceed n_ctx (numbers), before any decode
+    │   ├── RemoteUnsupported (18)   a remote engine's kind cannot enforce this (kind, what)
     │   ├── SharedProcessorError (14) one processor object given to two streams
     │   └── ToolDefinitionError (15) a tool that cannot be registered (tool, reason)
     ├── ModelError                   the model file or the engine
     │   ├── ModelNotFound (20)       no path given and the default model is not installed
     │   ├── ModelLoadError (21)      missing, unreadable or corrupt GGUF (path)
     │   ├── DecodeError (22)         llama_decode failed (context full, ...)
-    │   └── EngineBusy (23)          the engine loop's queue is full, or no KV sequence came free
+    │   ├── EngineBusy (23)          the engine loop's queue is full, or no KV sequence came free
+    │   └── RemoteError (24)         a remote engine failed: down, timeout, 5xx, bad body (url)
     └── GenerationError              what the model produced cannot be returned as a success
         ├── AllTokensMasked (30)     the processor left no selectable token
         ├── ConstraintError (31)     the grammar matcher entered an error state (message)
@@ -49,6 +51,8 @@ __all__ = [
     "ModelError",
     "ModelLoadError",
     "ModelNotFound",
+    "RemoteError",
+    "RemoteUnsupported",
     "SchemaInvalid",
     "SchemaUnsupported",
     "SchemaViolation",
@@ -149,6 +153,19 @@ class ContextOverflow(UserError):
         self.n_ctx = n_ctx
 
 
+class RemoteUnsupported(UserError):
+    """A remote engine of this ``kind`` cannot enforce what the turn needs (``what``: a
+    regex, a Lark grammar, tools, thinking + schema...): refused before any request, never
+    sent unenforced."""
+
+    exit_code = 18
+
+    def __init__(self, kind: str, what: str) -> None:
+        super().__init__(f"a {kind!r} engine cannot enforce {what}")
+        self.kind = kind
+        self.what = what
+
+
 class SharedProcessorError(UserError):
     """Two streams of one batch were given the same processor object."""
 
@@ -198,6 +215,20 @@ class EngineBusy(ModelError):
         self.queued = queued
         self.max_queue = max_queue
         super().__init__(f"engine busy: {reason}")
+
+
+class RemoteError(ModelError):
+    """A remote engine failed: unreachable, timed out, an HTTP error, a body that is not
+    what its API returns, or a stream cut short (``url``, ``status`` when there was one).
+    Retried first when it is a 429 or 503; the conversation is unchanged."""
+
+    exit_code = 24
+
+    def __init__(self, url: str, reason: str, *, status: int | None = None) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+        self.status = status
 
 
 class GenerationError(ChatkitError):

@@ -136,9 +136,9 @@ class Model:
         self._model = model
         self._ctx = ctx
         self._vocab = llama_cpp.llama_model_get_vocab(model)
-        self._mem = llama_cpp.llama_get_memory(ctx)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))  # llama.cpp may round n_ctx up
-        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
+        self._mem = llama_cpp.llama_get_memory(ctx) if ctx else None
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx)) if ctx else 0  # llama.cpp may round up
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx)) if ctx else 0
         """Cells one sequence can hold: n_ctx with a unified KV cache, else its share."""
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
@@ -151,7 +151,7 @@ class Model:
         self.chat_template: str | None = self._read_chat_template()
         self.eot_id: int = self._find_eot()
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1) if ctx else None
         self._pieces: list[bytes] | None = None
         self._attrs: NDArray[np.int32] | None = None
         self._cache: dict[Any, Any] = {}  # per-model caches (e.g. llguidance tokenizers)
@@ -203,16 +203,7 @@ class Model:
                 raise InvalidParameter(name, f"must be an integer, got {value!r}")
             if not low <= value <= high:
                 raise InvalidParameter(name, f"must be in [{low}, {high}], got {value}")
-        resolved = default_model_path() if path is None else Path(path)
-        if not resolved.is_file():
-            raise ModelLoadError(str(resolved), "no such file")
-        try:
-            with resolved.open("rb") as fh:
-                magic = fh.read(4)
-        except OSError as exc:
-            raise ModelLoadError(str(resolved), str(exc)) from exc
-        if magic != b"GGUF":
-            raise ModelLoadError(str(resolved), "not a GGUF file (bad magic)")
+        resolved = _checked_gguf(path)
         _ensure_backend()
         threads = n_threads or default_threads()
         mparams = llama_cpp.llama_model_default_params()
@@ -259,13 +250,33 @@ class Model:
                   resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads)
         return made
 
+    @classmethod
+    def load_vocab(cls, path: str | os.PathLike[str] | None = None) -> Model:
+        """Only a GGUF's vocabulary and chat template (llama.cpp's ``vocab_only``: no
+        weights, no context): enough to render, tokenize and compile grammars for a remote
+        engine serving the same model (``RemoteEngine``). Decoding methods are unusable
+        (``n_seq_max`` is 0). Raises as :meth:`load`."""
+        resolved = _checked_gguf(path)
+        _ensure_backend()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.vocab_only = True
+        _log_lines.clear()
+        model = llama_cpp.llama_model_load_from_file(str(resolved).encode(), mparams)
+        if not model:
+            raise ModelLoadError(str(resolved), _last_error("llama.cpp could not read the "
+                                                            "vocabulary"))
+        made = cls(resolved, model, None, n_ctx=0, n_batch=0, n_seq_max=0)
+        _log.info("loaded the vocabulary of %s: n_vocab=%d", resolved.name, made.n_vocab)
+        return made
+
     def close(self) -> None:
         """Free the context, the batch and the weights. Idempotent."""
         if getattr(self, "_ctx", None):
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
-            llama_cpp.llama_model_free(self._model)
             self._ctx = None
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:
@@ -449,6 +460,8 @@ class Model:
         if total > self.n_batch:
             raise InvalidParameter("chunks", f"{total} tokens exceed n_batch={self.n_batch}")
         b = self._batch
+        if b is None:
+            raise InvalidParameter("model", "loaded vocabulary-only (load_vocab): no decoding")
         i = 0
         wanted: list[tuple[int, int]] = []  # (first batch index, rows) per chunk
         for c in chunks:
@@ -583,6 +596,21 @@ class Model:
             for s in range(self.n_seq_max):
                 if self._seq_owner[s] == owner and not self._seq_busy[s]:
                     self._seq_owner[s] = None
+
+
+def _checked_gguf(path: str | os.PathLike[str] | None) -> Path:
+    """The GGUF path (None: the embedded default), checked: exists, GGUF magic."""
+    resolved = default_model_path() if path is None else Path(path)
+    if not resolved.is_file():
+        raise ModelLoadError(str(resolved), "no such file")
+    try:
+        with resolved.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelLoadError(str(resolved), str(exc)) from exc
+    if magic != b"GGUF":
+        raise ModelLoadError(str(resolved), "not a GGUF file (bad magic)")
+    return resolved
 
 
 def _llama_decode(ctx: Any, batch: Any) -> int:

@@ -133,25 +133,12 @@ class Ticket:
                 self.wait_closed()
 
     async def adeltas(self) -> AsyncIterator[str]:
-        """``deltas`` for async code: waits without a worker thread (asyncio) and never
-        blocks the event loop. Cancelling the task cancels the turn."""
+        """``deltas`` for async code: waits on an event the loop sets (asyncio: no worker
+        thread, so nothing is left running when the event loop shuts down) and never
+        blocks the event loop. Cancelling the task, or leaving early, cancels the turn."""
         finished = False
+        flag = self._async_flag()
         try:
-            try:
-                aloop = asyncio.get_running_loop()
-            except RuntimeError:  # another anyio backend: wait in a worker thread
-                aloop = None
-            flag = asyncio.Event() if aloop is not None else None
-            if aloop is not None and flag is not None:
-                def wake(loop: asyncio.AbstractEventLoop = aloop,
-                         ev: asyncio.Event = flag) -> None:
-                    try:
-                        loop.call_soon_threadsafe(ev.set)
-                    except RuntimeError:  # the event loop is gone
-                        pass
-
-                with self._cond:
-                    self._waker = wake
             while True:
                 if flag is not None:
                     flag.clear()
@@ -160,7 +147,7 @@ class Ticket:
                 if item is None:
                     if flag is not None:
                         await flag.wait()
-                    else:
+                    else:  # another anyio backend: wait in a worker thread
                         await anyio.to_thread.run_sync(self._wait_event)
                     continue
                 if item[0] == "closed":
@@ -173,7 +160,33 @@ class Ticket:
             if not finished:
                 self.cancel()
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self.wait_closed)
+                    while True:
+                        if flag is not None:
+                            flag.clear()
+                        if self.state == "closed":
+                            break
+                        if flag is not None:
+                            await flag.wait()
+                        else:
+                            await anyio.to_thread.run_sync(self._wait_event)
+
+    def _async_flag(self) -> asyncio.Event | None:
+        """An asyncio event set at every post (None under another event loop)."""
+        try:
+            aloop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        flag = asyncio.Event()
+
+        def wake() -> None:
+            try:
+                aloop.call_soon_threadsafe(flag.set)
+            except RuntimeError:  # the event loop is gone
+                pass
+
+        with self._cond:
+            self._waker = wake
+        return flag
 
     def _wait_event(self) -> None:
         with self._cond:

@@ -21,10 +21,27 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+import numpy as np
+
 from .constraints import Constraint
 from .decoding import Decoder, decide_finish
-from .engine import IncrementalDetokenizer, SeqChunk, StepEngine, Vocabulary
-from .errors import ContextOverflow, InvalidParameter, SchemaViolation, Truncated
+from .engine import (
+    GenerateEngine,
+    GenerateRequest,
+    GenerateResult,
+    IncrementalDetokenizer,
+    SeqChunk,
+    StepEngine,
+    Vocabulary,
+)
+from .errors import (
+    AllTokensMasked,
+    ConstraintError,
+    ContextOverflow,
+    InvalidParameter,
+    SchemaViolation,
+    Truncated,
+)
 from .messages import Message, Reply, ToolCall, Usage
 from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
 from .schema import LoadedSchema, SchemaInput, bound_numbers, json_options, load_schema
@@ -128,6 +145,10 @@ class TurnPlan:
     tools: list[Tool] = field(default_factory=list)
     user: Message | None = None
     speculative: DraftSource | None = None
+    stop_token: int = -1
+    """The token that ends the turn (the grammar's stop token)."""
+    messages: list[Message] = field(default_factory=list)
+    """The messages the prompt renders (for engines that render their own template)."""
 
 
 def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
@@ -177,7 +198,7 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
                 and template.supports_thinking)
     plan = TurnPlan(prompt=[], stop_ids=frozenset({stop_token, engine.eos_id}),
                     max_tokens=max_tokens, sampler=ctx.sampler, thinking=thinking,
-                    stop_strings=stop_strings, tools=tools, user=user)
+                    stop_strings=stop_strings, tools=tools, user=user, stop_token=stop_token)
     if tools:
         plan.constraint = _tools_constraint(engine, tools, loaded, schema, options,
                                             stop_token)
@@ -238,7 +259,7 @@ def plan_completion(engine: Vocabulary, prompt: Sequence[int], *, sampler: Sampl
     stop_token = engine.eos_id
     plan = TurnPlan(prompt=list(prompt), stop_ids=frozenset({engine.eos_id, engine.eot_id}),
                     max_tokens=max_tokens, sampler=sampler,
-                    stop_strings=stop_tuple(stop) if stop else ())
+                    stop_strings=stop_tuple(stop) if stop else (), stop_token=stop_token)
     if schema is not None:
         plan.constraint = _schema_constraint(engine, load_schema(schema), stop_token,
                                              think_budget=None)
@@ -272,6 +293,7 @@ def _render(ctx: TurnContext, template: ChatTemplate, plan: TurnPlan,
             tools: list[Tool]) -> list[int]:
     engine = ctx.engine
     messages = [*ctx.history, *([plan.user] if plan.user else [])]
+    plan.messages = messages
     if messages and messages[0].role == "system" and not template.supports_system:
         _log.info("template %r has no system role: the system prompt opens the first user "
                   "message", template.name)
@@ -368,6 +390,24 @@ def _schema_note(schema: SchemaArg, loaded: LoadedSchema | None) -> str:
     return "\n\nAnswer with JSON matching this schema:\n" + json.dumps(doc)
 
 
+def lark_text(grammar: str) -> str:
+    """A compiled llguidance grammar (``Constraint.grammar``) as llguidance Lark text, the
+    dialect remote engines with an llguidance backend take: Lark as is, a regex's Lark,
+    a JSON schema as ``start: %json {...}`` (its compile options kept in ``x-guidance``)."""
+    if not grammar.lstrip().startswith("{"):
+        return grammar
+    doc = json.loads(grammar)
+    parts = doc.get("grammars") or []
+    if len(parts) != 1:
+        raise InvalidParameter("constraint", "a grammar of several parts has no Lark form")
+    part = parts[0]
+    if part.get("lark_grammar"):
+        return str(part["lark_grammar"])
+    if part.get("json_schema") is not None:
+        return "start: %json " + json.dumps(part["json_schema"])
+    raise InvalidParameter("constraint", "this grammar has no Lark form")
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
@@ -447,6 +487,62 @@ class Turn:
         except InvalidParameter:
             return False
         return True
+
+    def generate_request(self) -> GenerateRequest:
+        """The turn as a coarse engine's request: prompt ids, the grammar as llguidance
+        Lark, the sampling, and (for engines that render their own template) the messages
+        and the JSON schema."""
+        plan = self.plan
+        if plan.speculative is not None:
+            raise InvalidParameter("speculative", "a remote engine does its own decoding "
+                                   "(speculation is the server's business)")
+        c = plan.constraint
+        if plan.processor is not None and c is None:
+            raise InvalidParameter("constraint", "a remote engine can enforce chatkit "
+                                   "Constraints only, not a custom LogitProcessor")
+        params = plan.sampler.params
+        return GenerateRequest(
+            prompt=plan.prompt, grammar=lark_text(c.grammar) if c is not None else None,
+            max_tokens=plan.max_tokens, stop_ids=plan.stop_ids,
+            temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+            messages=plan.messages,
+            schema=c.source if c is not None and c.kind == "json_schema" else None,
+            grammar_kind=("tools" if plan.tools else "think+schema" if plan.thinking
+                          else c.kind if c is not None else None))
+
+    def replay(self, result: GenerateResult, *, check_grammar: bool = True) -> Iterator[str]:
+        """A coarse engine's tokens, fed through this turn's own sampler and grammar as
+        one-hot rows: the same stop strings, tool-call and think parsing, finish rule and
+        second reader as a local turn. A token the grammar forbids (a server that ignored
+        it) is ``SchemaViolation``. ``check_grammar=False`` (text re-tokenized locally, not
+        the server's own ids) leaves the check to the second reader. Yields text deltas;
+        then :meth:`finish`."""
+        plan = self.plan
+        plan.sampler.processor = plan.processor if check_grammar else None
+        plan.sampler.reset()
+        self._dec = Decoder(self.engine, plan.prompt, plan.sampler,
+                            max_tokens=plan.max_tokens, stop_ids=plan.stop_ids, seq_id=-1)
+        dec = self._dec
+        dec.mark_start()
+        dec.reuse = max(0, min(result.cached_prompt_tokens, len(plan.prompt) - 1))
+        tokens = list(result.tokens)
+        if result.finish == "stop_token":
+            tokens.append(plan.stop_token)
+        for i, tok in enumerate(tokens):
+            if dec.done:
+                break
+            row = np.full(self.engine.n_vocab, -np.inf, dtype=np.float32)
+            row[tok] = 0.0
+            try:
+                delta = self.first(row) if i == 0 else self.advance(row)
+            except (AllTokensMasked, ConstraintError) as exc:
+                text = self.engine.detokenize(tokens[: i + 1])
+                raise SchemaViolation(text, [f"the engine's token {i} ({tok}) is outside "
+                                             f"the grammar: it was not enforced ({exc})"]
+                                      ) from exc
+            if delta:
+                yield delta
+        dec.finish("length")  # the engine stopped at its own limit (no-op when done)
 
     def step(self) -> str:
         """One decode step (a verify step when speculative); returns the text delta."""
@@ -584,6 +680,26 @@ class Turn:
         self.kv.tokens = self.decoder.kv_tokens()
         self.engine.release_seq(self.seq)
         self.seq = None
+
+
+def remote_deltas(turn: Turn, result: GenerateResult, out: list[Reply[Any]]) -> Iterator[str]:
+    """A coarse engine's result replayed through ``turn`` (see :meth:`Turn.replay`): text
+    deltas, then the checked Reply appended to ``out``."""
+    yield from turn.replay(result, check_grammar=result.text is None)
+    tail, reply = turn.finish()
+    out.append(reply)
+    if tail:
+        yield tail
+
+
+def run_remote(turn: Turn) -> Reply[Any]:
+    """Drive a planned turn on a coarse (remote) engine: one request, then the replay."""
+    engine = turn.engine
+    assert isinstance(engine, GenerateEngine)
+    out: list[Reply[Any]] = []
+    for _ in remote_deltas(turn, engine.generate(turn.generate_request()), out):
+        pass
+    return out[0]
 
 
 DEDUP_TOOL_CALLS = True

@@ -1,0 +1,327 @@
+"""Remote engines: the same Conversation, tools, batches and lanes on a serving engine.
+
+chatkit keeps the parts that go wrong on servers: it renders the chat template
+segment-safely, tokenizes, and builds the grammar, all locally from the same model's
+vocabulary (``Model.load_vocab``); the engine is asked only to sample under that
+grammar from those token ids. Its tokens then go through the turn's own grammar again
+(:meth:`chatkit.turn.Turn.replay`: a token outside it is ``SchemaViolation``) and the
+second reader. What a ``kind`` of server cannot enforce is refused by name before any
+request (``RemoteUnsupported``); it is never sent unenforced.
+
+==============  ==============  =========================================================
+kind            prompt          constraints it enforces
+==============  ==============  =========================================================
+vllm            token ids       all, as llguidance Lark (``structured_outputs.grammar``;
+                                needs ``--structured-outputs-config.backend guidance``)
+chatkit         token ids       all (``chatkit serve``'s ``/v1/completions``, same fields)
+sglang          token ids       all, as ``ebnf`` with ``%llguidance`` (``--grammar-backend
+                                llguidance``) — written from SGLang's docs, not run here
+llama-server    token ids       all, as ``grammar`` with ``%llguidance`` (a llama.cpp
+                                built with llguidance) — from its docs, not run here
+openai          messages (the   a JSON schema only, as ``response_format`` json_schema
+                server renders) (tools, regex, Lark, thinking + schema: refused)
+llama-cpp-      messages        a JSON schema only, as ``response_format`` json_object +
+python                          schema (its server's shape)
+==============  ==============  =========================================================
+
+HTTP is httpx (a pooled sync client and a pooled async client per engine), with a
+timeout, and retries with exponential backoff on 429 and 503 only. Cancelling an async
+call aborts its request. Failures are ``RemoteError`` (server down, timeout, other
+status, a body that is not the API's); the conversation is unchanged on every error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import httpx
+import numpy as np
+from numpy.typing import NDArray
+
+from .engine import GenerateRequest, GenerateResult, Vocabulary
+from .errors import InvalidParameter, RemoteError, RemoteUnsupported
+from .messages import messages_to_openai
+
+__all__ = ["RemoteEngine"]
+
+_log = logging.getLogger("chatkit")
+
+Kind = Literal["vllm", "chatkit", "sglang", "llama-server", "openai", "llama-cpp-python"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a kind of server can be asked to enforce."""
+
+    token_prompts: bool
+    """Takes token-id prompts (chatkit renders the template); else chat messages."""
+    grammar: bool
+    """Takes llguidance Lark: tools, thinking + schema, regex, Lark and JSON schemas."""
+    json_schema: bool
+    """Takes a JSON schema."""
+
+
+CAPABILITIES: dict[str, Capabilities] = {
+    "vllm": Capabilities(True, True, True),
+    "chatkit": Capabilities(True, True, True),
+    "sglang": Capabilities(True, True, True),
+    "llama-server": Capabilities(True, True, True),
+    "openai": Capabilities(False, False, True),
+    "llama-cpp-python": Capabilities(False, False, True),
+}
+
+RETRY_STATUS = frozenset({429, 503})
+
+
+class RemoteEngine:
+    """A served model as a chatkit engine (``Vocabulary`` + ``GenerateEngine``).
+
+    ``vocab`` is the same model's vocabulary (``Model.load_vocab(gguf)``, or a loaded
+    ``Model``); ``model`` the id the server serves it under; ``n_ctx`` the tokens one
+    request may hold (prompt and reply). ``Conversation(engine)`` then works as with a
+    local ``Model``: send / stream / asend / astream, schemas, regex, Lark, tools and the
+    agent loop, thinking, ``send_batch`` and ``quorum`` (concurrent requests; the server
+    batches them). ``speculative=True`` is refused (the server decodes).
+
+    Sync calls share one pooled ``httpx.Client``. Async calls open a client per call (an
+    event loop owns its connections), unless ``async_client`` (yours to close, bound to
+    your event loop) is given to pool them.
+    """
+
+    def __init__(self, base_url: str, *, kind: Kind, model: str, vocab: Vocabulary,
+                 api_key: str | None = None, n_ctx: int = 4096, timeout: float = 300.0,
+                 retries: int = 3, backoff: float = 0.5, max_connections: int = 64,
+                 async_client: httpx.AsyncClient | None = None) -> None:
+        if kind not in CAPABILITIES:
+            raise InvalidParameter("kind", f"one of {', '.join(CAPABILITIES)}, not {kind!r}")
+        if n_ctx < 2:
+            raise InvalidParameter("n_ctx", f"must be >= 2, got {n_ctx}")
+        self.base_url = base_url.rstrip("/")
+        self.kind = kind
+        self.capabilities = CAPABILITIES[kind]
+        self.model = model
+        self.vocab = vocab
+        self.retries = retries
+        self.backoff = backoff
+        self.n_ctx_seq = n_ctx
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections)
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._client = httpx.Client(headers=headers, limits=limits, timeout=self._timeout)
+        self._aclient = async_client
+        self._headers, self._limits = headers, limits
+        # Vocabulary: the same facts as the local model's.
+        self.n_vocab = vocab.n_vocab
+        self.bos_id, self.eos_id, self.eot_id = vocab.bos_id, vocab.eos_id, vocab.eot_id
+        self.add_bos = vocab.add_bos
+        self.chat_template = vocab.chat_template
+        # StepEngine facts the conversation layer reads (no local decoding happens).
+        self.n_seq_max = 0
+        self.seq_wait = 0.0
+
+    def __repr__(self) -> str:
+        return f"RemoteEngine({self.kind}, {self.base_url!r}, model={self.model!r})"
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}@{self.base_url}"
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ------------------------------------------------------------ Vocabulary
+    def tokenize(self, text: str, *, special: bool, add_bos: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, special=special, add_bos=add_bos)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.vocab.detokenize(ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab.token_bytes(token)
+
+    def is_control(self, token: int) -> bool:
+        return self.vocab.is_control(token)
+
+    def llg_tokenizer(self, stop_token: int) -> Any:
+        return self.vocab.llg_tokenizer(stop_token)
+
+    def special_texts(self) -> tuple[str, ...]:
+        return self.vocab.special_texts()
+
+    def grammar_token_words(self) -> NDArray[np.int32]:
+        return self.vocab.grammar_token_words()
+
+    def cache(self, key: Any, build: Any) -> Any:
+        return self.vocab.cache(("remote", key), build)
+
+    def release_seq_owner(self, owner: int) -> None:
+        """No KV sequences here (the server keeps its own prefix cache)."""
+
+    # -------------------------------------------------------------- requests
+    def check(self, request: GenerateRequest) -> None:
+        """Refuse, before any request, what this kind cannot enforce."""
+        caps, what = self.capabilities, request.grammar_kind
+        if what is None or caps.grammar:
+            return
+        if what == "json_schema" and caps.json_schema:
+            return
+        names = {"tools": "tool calls (the Hermes tool grammar)",
+                 "think+schema": "thinking + schema (one two-phase grammar)",
+                 "regex": "a regex", "lark": "a Lark grammar",
+                 "json_schema": "a JSON schema"}
+        raise RemoteUnsupported(self.kind, names.get(what, what))
+
+    def _body(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
+        sampling: dict[str, Any] = {"temperature": request.temperature,
+                                    "top_p": request.top_p}
+        if request.seed is not None:
+            sampling["seed"] = request.seed
+        grammar = request.grammar
+        if self.kind in ("vllm", "chatkit"):
+            body = {"model": self.model, "prompt": list(request.prompt),
+                    "max_tokens": request.max_tokens, "return_token_ids": True,
+                    "stop_token_ids": sorted(request.stop_ids), "skip_special_tokens": False,
+                    **sampling}
+            if grammar is not None:
+                body["structured_outputs"] = {"grammar": grammar}
+            return "/v1/completions", body
+        if self.kind == "sglang":
+            body = {"input_ids": list(request.prompt), "sampling_params": {
+                "max_new_tokens": request.max_tokens, "stop_token_ids": sorted(request.stop_ids),
+                "skip_special_tokens": False, **sampling}}
+            if grammar is not None:
+                body["sampling_params"]["ebnf"] = "%llguidance {}\n" + grammar
+            return "/generate", body
+        if self.kind == "llama-server":
+            body = {"prompt": list(request.prompt), "n_predict": request.max_tokens,
+                    "return_tokens": True, "cache_prompt": True, **sampling}
+            if grammar is not None:
+                body["grammar"] = "%llguidance {}\n" + grammar
+            return "/completion", body
+        # openai / llama-cpp-python: the server renders its own template from the messages
+        body = {"model": self.model, "max_tokens": request.max_tokens,
+                "messages": messages_to_openai(request.messages), **sampling}
+        if request.schema is not None:
+            body["response_format"] = (
+                {"type": "json_schema", "json_schema": {"name": "answer", "strict": True,
+                                                        "schema": request.schema}}
+                if self.kind == "openai" else {"type": "json_object", "schema": request.schema})
+        return "/v1/chat/completions", body
+
+    def _result(self, url: str, data: Any, request: GenerateRequest) -> GenerateResult:
+        """The server's body as tokens (or text) and a finish, or ``RemoteError``."""
+        try:
+            if self.kind in ("vllm", "chatkit"):
+                choice = data["choices"][0]
+                tokens = [int(t) for t in choice["token_ids"]]
+                usage = data.get("usage") or {}
+                cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                          or 0)
+                return self._ending(tokens, choice.get("finish_reason"), request,
+                                    int(usage.get("prompt_tokens", len(request.prompt))),
+                                    int(cached))
+            if self.kind == "sglang":
+                meta = data.get("meta_info", {})
+                tokens = [int(t) for t in data["output_ids"]]
+                reason = (meta.get("finish_reason") or {}).get("type")
+                return self._ending(tokens, "length" if reason == "length" else "stop",
+                                    request, int(meta.get("prompt_tokens", 0)),
+                                    int(meta.get("cached_tokens", 0)))
+            if self.kind == "llama-server":
+                tokens = [int(t) for t in data["tokens"]]
+                reason = "length" if data.get("stop_type") == "limit" else "stop"
+                return self._ending(tokens, reason, request,
+                                    int(data.get("tokens_evaluated", len(request.prompt))),
+                                    int(data.get("tokens_cached", 0)))
+            choice = data["choices"][0]
+            text = choice["message"]["content"] or ""
+            finish: Literal["stop_token", "length"] = (
+                "length" if choice.get("finish_reason") == "length" else "stop_token")
+            usage = data.get("usage") or {}
+            return GenerateResult(tokens=self.tokenize(text, special=False), finish=finish,
+                                  prompt_tokens=int(usage.get("prompt_tokens", 0)), text=text)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise RemoteError(url, f"the response is not {self.kind}'s API shape ({exc!r}): "
+                              f"{json.dumps(data)[:300]}") from None
+
+    def _ending(self, tokens: list[int], reason: Any, request: GenerateRequest,
+                prompt_tokens: int, cached: int) -> GenerateResult:
+        if tokens and tokens[-1] in request.stop_ids:
+            tokens = tokens[:-1]
+            finish: Literal["stop_token", "length"] = "stop_token"
+        else:
+            finish = "length" if reason == "length" or len(tokens) >= request.max_tokens \
+                else "stop_token"
+        return GenerateResult(tokens=tokens, finish=finish, prompt_tokens=prompt_tokens,
+                              cached_prompt_tokens=cached)
+
+    # ----------------------------------------------------------- GenerateEngine
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        """One completion (sync, pooled connection, retried on 429 / 503)."""
+        self.check(request)
+        path, body = self._body(request)
+        url = self.base_url + path
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._client.post(url, json=body)
+            except httpx.TimeoutException as exc:
+                raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
+            except httpx.HTTPError as exc:
+                raise RemoteError(url, f"unreachable: {exc}") from None
+            if response.status_code in RETRY_STATUS and attempt < self.retries:
+                time.sleep(self._delay(response, attempt))
+                continue
+            return self._result(url, self._json(url, response), request)
+        raise AssertionError("unreachable")
+
+    async def agenerate(self, request: GenerateRequest) -> GenerateResult:
+        """``generate`` for async code; cancelling the task aborts the request."""
+        self.check(request)
+        path, body = self._body(request)
+        url = self.base_url + path
+        if self._aclient is not None:
+            return await self._apost(self._aclient, url, body, request)
+        async with httpx.AsyncClient(headers=self._headers, timeout=self._timeout) as client:
+            return await self._apost(client, url, body, request)
+
+    async def _apost(self, client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                     request: GenerateRequest) -> GenerateResult:
+        for attempt in range(self.retries + 1):
+            try:
+                response = await client.post(url, json=body, headers=self._headers)
+            except httpx.TimeoutException as exc:
+                raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
+            except httpx.HTTPError as exc:
+                raise RemoteError(url, f"unreachable: {exc}") from None
+            if response.status_code in RETRY_STATUS and attempt < self.retries:
+                await anyio.sleep(self._delay(response, attempt))
+                continue
+            return self._result(url, self._json(url, response), request)
+        raise AssertionError("unreachable")
+
+    def _delay(self, response: httpx.Response, attempt: int) -> float:
+        after = response.headers.get("retry-after", "")
+        wait = float(after) if after.replace(".", "", 1).isdigit() else 0.0
+        return max(wait, self.backoff * 2.0**attempt)
+
+    def _json(self, url: str, response: httpx.Response) -> Any:
+        if response.status_code != 200:
+            detail = response.text[:500]
+            try:
+                detail = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                pass
+            raise RemoteError(url, f"HTTP {response.status_code}: {detail}",
+                              status=response.status_code)
+        try:
+            return response.json()
+        except ValueError:
+            raise RemoteError(url, f"a 200 whose body is not JSON: {response.text[:200]!r}"
+                              ) from None

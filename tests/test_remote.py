@@ -1,0 +1,314 @@
+"""Remote engines over real HTTP on loopback: ``chatkit serve`` (kind "chatkit", the same
+wire dialect as vLLM's), llama-cpp-python's own server (kind "llama-cpp-python"), faults
+from a scripted HTTP server, and vLLM's CPU build behind the ``vllm`` marker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from pydantic import BaseModel, Field
+
+from chatkit import (
+    Constraint,
+    Conversation,
+    InvalidParameter,
+    Model,
+    RemoteEngine,
+    RemoteError,
+    RemoteUnsupported,
+    SamplingParams,
+    SchemaViolation,
+    Truncated,
+    quorum,
+    send_batch,
+    tool,
+)
+from chatkit.server import ChatkitServer
+from tests.test_server import NAME, _free_port, _Running
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class Verdict(BaseModel):
+    decision: str = Field(pattern="^(approve|reject)$")
+    confidence: int = Field(ge=0, le=100)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Model:
+    return Model.load_vocab()
+
+
+@pytest.fixture(scope="module")
+def served(smol: Model) -> Iterator[_Running]:
+    with _Running(ChatkitServer(smol, name=NAME)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def remote(served: _Running, vocab: Model, smol: Model) -> Iterator[RemoteEngine]:
+    engine = RemoteEngine(served.base, kind="chatkit", model=NAME, vocab=vocab,
+                          n_ctx=smol.n_ctx_seq)
+    yield engine
+    engine.close()
+
+
+# ------------------------------------------------------------ chatkit serve
+def test_remote_reply_equals_local(remote: RemoteEngine, smol: Model) -> None:
+    local = Conversation(smol, sampling=GREEDY, system="You judge claims.")
+    far = Conversation(remote, sampling=GREEDY, system="You judge claims.")
+    for text in ("Judge: water is wet.", "And: fire is cold."):
+        a = local.send(text, schema=Verdict, max_tokens=60)
+        b = far.send(text, schema=Verdict, max_tokens=60)
+        assert isinstance(b.parsed, Verdict)
+        assert b.text == a.text and b.finish_reason == a.finish_reason
+    assert far.to_openai() == local.to_openai()
+
+
+def test_remote_regex_lark_and_free_text(remote: RemoteEngine) -> None:
+    conv = Conversation(remote, sampling=GREEDY)
+    r = conv.send("A code?", constraint=Constraint.regex(r"[A-Z]{3}-[0-9]{2}"))
+    assert len(r.text) == 6 and r.text[3] == "-"
+    r = conv.send("Yes or no?", constraint=Constraint.lark('start: "yes" | "no"'))
+    assert r.text in ("yes", "no")
+    r = conv.send("Say hi.", max_tokens=8)
+    assert r.text and r.usage.completion_tokens <= 8
+
+
+def test_remote_tools_and_agent_loop(remote: RemoteEngine) -> None:
+    seen: list[str] = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        seen.append(city)
+        return "sunny"
+
+    conv = Conversation(remote, sampling=GREEDY)
+    reply = conv.send("Weather in Paris?", tools=[get_weather], tool_choice="required",
+                      parallel_tool_calls=False)
+    assert reply.finish_reason == "tool_calls" and reply.tool_calls[0].name == "get_weather"
+    conv2 = Conversation(remote, sampling=GREEDY)
+    first = conv2.send("Weather in Oslo?", tools=[get_weather], tool_choice="required",
+                       parallel_tool_calls=False)
+    conv2.add_tool_result(first.tool_calls[0], "sunny")
+    final = conv2.resume(schema=Verdict, max_tokens=60)
+    assert isinstance(final.parsed, Verdict)
+
+
+def test_remote_stream_async_batch_and_quorum(remote: RemoteEngine, smol: Model) -> None:
+    conv = Conversation(remote, sampling=GREEDY)
+    stream = conv.stream("Count to three.", max_tokens=12)
+    text = "".join(stream)
+    assert stream.reply is not None and text == stream.reply.text
+
+    async def main() -> str:
+        return (await Conversation(remote, sampling=GREEDY).asend(
+            "Judge: snow is white.", schema=Verdict, max_tokens=60)).text
+
+    local = Conversation(smol, sampling=GREEDY).send("Judge: snow is white.", schema=Verdict,
+                                                     max_tokens=60)
+    assert anyio.run(main) == local.text
+    items: list[Any] = [(Conversation(remote, sampling=GREEDY), f"Judge: claim {i}.")
+                        for i in range(3)]
+    replies = send_batch(items, schema=Verdict, max_tokens=60)
+    assert all(isinstance(r.parsed, Verdict) for r in replies)
+    result = quorum(remote, "Judge: the sky is green.", schema=Verdict, lanes=3,
+                    max_tokens=60)
+    assert sum(result.votes.values()) + len(result.failures) == 3
+
+
+def test_remote_refuses_speculation_and_custom_processors(remote: RemoteEngine) -> None:
+    conv = Conversation(remote)
+    with pytest.raises(InvalidParameter, match="speculative"):
+        conv.send("hi", speculative=True, max_tokens=4)
+    assert conv.messages == []
+
+
+# ---------------------------------------------------------- capability table
+def test_a_kind_refuses_what_it_cannot_enforce_before_any_request(vocab: Model) -> None:
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: a request would be RemoteError
+    engine = RemoteEngine(dead, kind="openai", model="m", vocab=vocab, retries=0)
+    conv = Conversation(engine)
+    with pytest.raises(RemoteUnsupported, match="regex"):
+        conv.send("x", constraint=Constraint.regex("[a-z]+"))
+
+    @tool
+    def ping(host: str) -> str:
+        """Ping a host."""
+        return "ok"
+
+    with pytest.raises(RemoteUnsupported, match="tool"):
+        conv.send("x", tools=[ping], tool_choice="required")
+    with pytest.raises(RemoteError, match="unreachable"):
+        conv.send("x", schema=Verdict)  # a JSON schema is enforceable: it is sent
+    assert conv.messages == []
+
+
+# ---------------------------------------------------- faults, scripted server
+class _Script:
+    """A real HTTP server on loopback answering with scripted responses."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[int, Any, float]] = []
+        self.requests: list[dict[str, Any]] = []
+        script = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                script.requests.append(json.loads(self.rfile.read(length)))
+                status, body, delay = script.replies.pop(0)
+                time.sleep(delay)
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                if status == 429:
+                    self.send_header("retry-after", "0")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def script() -> Iterator[_Script]:
+    s = _Script()
+    yield s
+    s.close()
+
+
+def _completion(ids: list[int], finish: str = "stop") -> dict[str, Any]:
+    return {"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": len(ids)}}
+
+
+def test_faults_are_named_and_leave_the_conversation(script: _Script, vocab: Model) -> None:
+    engine = RemoteEngine(script.base, kind="vllm", model="m", vocab=vocab, retries=2,
+                          backoff=0.01, timeout=2)
+    conv = Conversation(engine, sampling=GREEDY)
+    good = vocab.tokenize('{"decision":"approve","confidence":9}', special=False)
+    eot = vocab.eot_id
+    cases: list[tuple[list[tuple[int, Any, float]], type[Exception], str]] = [
+        ([(500, {"error": {"message": "boom"}}, 0)], RemoteError, "HTTP 500: boom"),
+        ([(200, b"not json", 0)], RemoteError, "not JSON"),
+        ([(200, {"choices": []}, 0)], RemoteError, "API shape"),
+        ([(200, _completion([], "stop"), 3)], RemoteError, "timed out"),
+        ([(200, _completion([*vocab.tokenize("hello there", special=False), eot]), 0)],
+         SchemaViolation, "outside the grammar"),
+        ([(200, _completion(good[:4], "length"), 0)], Truncated, "max_tokens"),
+        ([(503, {}, 0)] * 3, RemoteError, "HTTP 503"),
+    ]
+    for replies, error, match in cases:
+        script.replies = list(replies)
+        with pytest.raises(error, match=match):
+            conv.send("Judge.", schema=Verdict, max_tokens=40)
+        assert conv.messages == []
+    script.replies = [(429, {}, 0), (503, {}, 0), (200, _completion([*good, eot]), 0)]
+    reply = conv.send("Judge.", schema=Verdict, max_tokens=40)  # retried twice, then fine
+    assert isinstance(reply.parsed, Verdict) and len(conv.messages) == 2
+    sent = script.requests[-1]
+    assert all(isinstance(t, int) for t in sent["prompt"])  # token ids, rendered here
+    assert "%json" in sent["structured_outputs"]["grammar"]
+    assert sent["return_token_ids"] is True
+
+
+def test_server_down_is_remote_error(vocab: Model) -> None:
+    engine = RemoteEngine(f"http://127.0.0.1:{_free_port()}", kind="chatkit", model="m",
+                          vocab=vocab, retries=0)
+    with pytest.raises(RemoteError, match="unreachable"):
+        Conversation(engine).send("hi", max_tokens=4)
+
+
+# --------------------------------------------------- llama-cpp-python's server
+@pytest.fixture(scope="module")
+def llama_cpp_server(smol: Model) -> Iterator[str]:
+    pytest.importorskip("llama_cpp.server")
+    pytest.importorskip("sse_starlette")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model",
+                             str(smol.path), "--port", str(port), "--n_ctx", "2048",
+                             "--model_alias", "smol"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_llama_cpp_python_server(llama_cpp_server: str, vocab: Model) -> None:
+    engine = RemoteEngine(llama_cpp_server, kind="llama-cpp-python", model="smol",
+                          vocab=vocab, n_ctx=2048)
+    conv = Conversation(engine, sampling=GREEDY)
+    reply = conv.send("Judge: the sky is blue.", schema=Verdict, max_tokens=80)
+    assert isinstance(reply.parsed, Verdict)
+    assert reply.usage.prompt_tokens > 0
+    with pytest.raises(RemoteUnsupported):
+        conv.send("A code?", constraint=Constraint.regex("[A-Z]{3}"))
+    text = conv.send("Say hi.", max_tokens=8)
+    assert text.text
+    engine.close()
+
+
+# ------------------------------------------------------------- vLLM CPU build
+VLLM_URL = os.environ.get("CHATKIT_VLLM_URL")
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not VLLM_URL, reason="set CHATKIT_VLLM_URL to a running vLLM server")
+def test_vllm_engine(vocab: Model, smol: Model) -> None:
+    assert VLLM_URL is not None
+    engine = RemoteEngine(VLLM_URL, kind="vllm", model=os.environ.get("CHATKIT_VLLM_MODEL",
+                                                                        "smollm2"),
+                          vocab=vocab, n_ctx=2048)
+    conv = Conversation(engine, sampling=GREEDY)
+    reply = conv.send("Judge: water is wet.", schema=Verdict, max_tokens=60)
+    assert isinstance(reply.parsed, Verdict)
+    r = conv.send("A code?", constraint=Constraint.regex(r"[A-Z]{3}-[0-9]{2}"))
+    assert len(r.text) == 6
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return "sunny"
+
+    call = Conversation(engine, sampling=GREEDY).send(
+        "Weather in Paris?", tools=[get_weather], tool_choice="required",
+        parallel_tool_calls=False)
+    assert call.tool_calls[0].name == "get_weather"
+    replies = send_batch([(Conversation(engine, sampling=GREEDY), f"Judge: claim {i}.")
+                          for i in range(4)], schema=Verdict, max_tokens=60)
+    assert all(isinstance(r.parsed, Verdict) for r in replies)
+    engine.close()
