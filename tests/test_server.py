@@ -334,7 +334,7 @@ def test_full_queue_is_429_with_retry_after(smol: Model) -> None:
     loop = engine_loop(smol)
     try:
         with _Running(srv) as running:
-            body = {"model": NAME, "max_tokens": 200, "temperature": 0, "messages": [
+            body = {"model": NAME, "max_tokens": 48, "temperature": 0, "messages": [
                 {"role": "user", "content": "Write a long story."}]}
             statuses: list[int] = []
             retry: list[str | None] = []
