@@ -8,7 +8,8 @@ as subprocesses on loopback (never both at once):
 - ``chatkit serve`` (``--n-seq-max 8``: up to 8 turns per forward pass), requests with
   ``response_format: json_schema``;
 - ``python -m llama_cpp.server`` (llama-cpp-python's server, one request at a time), its
-  ``json_object`` + ``schema`` mode (GBNF).
+  ``json_object`` + ``schema`` mode (GBNF), with ``--interrupt_requests False`` (by
+  default a new request cancels the running one: concurrent clients then get cut streams).
 
 For each number of concurrent clients, every client streams schema-constrained chat
 requests (the fixture schemas in turn, greedy) through the openai SDK: aggregate
@@ -78,7 +79,9 @@ class Server:
                    "--max-queue", "256", "--name", "m"]
         else:
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path),
-                   "--port", str(port), "--n_ctx", "2048", "--model_alias", "m"]
+                   "--port", str(port), "--n_ctx", "2048", "--model_alias", "m",
+                   # its default cancels the running request when another arrives
+                   "--interrupt_requests", "False"]
         self.log = open(f"/tmp/bench-serve-{kind}.log", "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300

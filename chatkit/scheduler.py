@@ -207,6 +207,8 @@ class LoopStats:
     """Forward passes that carried decode rows and prompt (prefill) rows together."""
     max_live: int = 0
     """Most turns running at once."""
+    max_rows: int = 0
+    """Most tokens in one forward pass."""
 
 
 class EngineLoop:
@@ -371,7 +373,9 @@ class EngineLoop:
                     self._fail(t, exc)
                 return
             self.stats.steps += 1
-            self.stats.rows += sum(len(c.tokens) for c in chunks)
+            rows_now = sum(len(c.tokens) for c in chunks)
+            self.stats.rows += rows_now
+            self.stats.max_rows = max(self.stats.max_rows, rows_now)
             if len({id(t) for t, _ in owners}) > 1:
                 self.stats.shared_steps += 1
             kinds = {kind for _, kind in owners}

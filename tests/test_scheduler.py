@@ -102,7 +102,8 @@ def test_long_prompt_prefills_between_decode_steps(smol: Model) -> None:
     assert rest and result
     # the long prompt's chunks rode along with the runner's decode rows
     assert loop.stats.mixed_steps > 0
-    assert loop.stats.rows / loop.stats.steps <= 32
+    # never more rows than the bitwise-equal regime allows (docs/DESIGN.md, "Numerics")
+    assert 32 >= loop.stats.max_rows > 8
 
 
 def test_leaving_a_stream_frees_the_sequence_and_keeps_kv_exact(smol: Model) -> None:
