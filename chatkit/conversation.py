@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from .agent import ToolResult, arun_agent, run_agent
 from .concurrency import run_blocking
 from .constraints import Constraint
-from .engine import GenerateEngine, StepEngine
+from .engine import GenerateEngine, GenerateResult, StepEngine
 from .errors import ContextOverflow, InvalidParameter
 from .messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from .sampling import Sampler, SamplingParams
@@ -363,7 +363,7 @@ class ReplyStream(Generic[T]):
         turn = self._turn
         if isinstance(turn.engine, GenerateEngine):
             out: list[Reply[T]] = []
-            yield from remote_deltas(turn, turn.engine.generate(turn.generate_request()), out)
+            yield from remote_deltas(turn, turn.engine.stream(turn.generate_request()), out)
             self.reply = out[0]
             return
         if turn.plan.speculative is None:
@@ -404,11 +404,16 @@ class AsyncReplyStream(Generic[T]):
         model = conv.model
         turn = await run_blocking(model, lambda: conv.plan(text, schema, **options))
         if isinstance(model, GenerateEngine):
-            result = await model.agenerate(turn.generate_request())
-            out: list[Reply[T]] = []
-            for delta in remote_deltas(turn, result, out):
-                yield delta
-            self.reply = out[0]
+            request = turn.generate_request()
+            turn.begin_replay(check_grammar=model.returns_token_ids)
+            async for piece in model.astream(request):
+                delta = turn.end_replay(piece) if isinstance(piece, GenerateResult) \
+                    else turn.feed(piece)
+                if delta:
+                    yield delta
+            tail, self.reply = turn.finish()
+            if tail:
+                yield tail
             return
         if turn.plan.speculative is None:
             ticket = engine_loop(model).submit(turn)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import codecs
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -188,9 +188,20 @@ class GenerateResult:
 class GenerateEngine(Vocabulary, Protocol):
     """The coarse level, for engines that sample themselves (remote servers)."""
 
+    returns_token_ids: bool
+    """The engine returns its own token ids (else text, re-tokenized locally, which only
+    the second reader can check)."""
+
     def generate(self, request: GenerateRequest) -> GenerateResult: ...
 
     async def agenerate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    def stream(self, request: GenerateRequest) -> Iterator[list[int] | GenerateResult]:
+        """Token ids as they come, then the GenerateResult."""
+        ...
+
+    def astream(self, request: GenerateRequest) -> AsyncIterator[list[int] | GenerateResult]:
+        ...
 
 
 class IncrementalDetokenizer:

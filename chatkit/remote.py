@@ -32,10 +32,11 @@ status, a body that is not the API's); the conversation is unchanged on every er
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -110,6 +111,7 @@ class RemoteEngine:
         self.retries = retries
         self.backoff = backoff
         self.n_ctx_seq = n_ctx
+        self.returns_token_ids = self.capabilities.token_prompts
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
@@ -224,20 +226,20 @@ class RemoteEngine:
                 usage = data.get("usage") or {}
                 cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                           or 0)
-                return self._ending(tokens, choice.get("finish_reason"), request,
+                return self.finish_result(tokens, choice.get("finish_reason"), request,
                                     int(usage.get("prompt_tokens", len(request.prompt))),
                                     int(cached))
             if self.kind == "sglang":
                 meta = data.get("meta_info", {})
                 tokens = [int(t) for t in data["output_ids"]]
                 reason = (meta.get("finish_reason") or {}).get("type")
-                return self._ending(tokens, "length" if reason == "length" else "stop",
+                return self.finish_result(tokens, "length" if reason == "length" else "stop",
                                     request, int(meta.get("prompt_tokens", 0)),
                                     int(meta.get("cached_tokens", 0)))
             if self.kind == "llama-server":
                 tokens = [int(t) for t in data["tokens"]]
                 reason = "length" if data.get("stop_type") == "limit" else "stop"
-                return self._ending(tokens, reason, request,
+                return self.finish_result(tokens, reason, request,
                                     int(data.get("tokens_evaluated", len(request.prompt))),
                                     int(data.get("tokens_cached", 0)))
             choice = data["choices"][0]
@@ -251,8 +253,9 @@ class RemoteEngine:
             raise RemoteError(url, f"the response is not {self.kind}'s API shape ({exc!r}): "
                               f"{json.dumps(data)[:300]}") from None
 
-    def _ending(self, tokens: list[int], reason: Any, request: GenerateRequest,
-                prompt_tokens: int, cached: int) -> GenerateResult:
+    def finish_result(self, tokens: list[int], reason: Any, request: GenerateRequest,
+                      prompt_tokens: int, cached: int) -> GenerateResult:
+        """The tokens without a trailing stop token, and why the engine stopped."""
         if tokens and tokens[-1] in request.stop_ids:
             tokens = tokens[:-1]
             finish: Literal["stop_token", "length"] = "stop_token"
@@ -306,6 +309,78 @@ class RemoteEngine:
             return self._result(url, self._json(url, response), request)
         raise AssertionError("unreachable")
 
+    # ---------------------------------------------------------------- streaming
+    def stream(self, request: GenerateRequest) -> Iterator[list[int] | GenerateResult]:
+        """Token ids as the server streams them (SSE; kinds vllm and chatkit), then the
+        GenerateResult. Other kinds: one request, then everything at once."""
+        if self.kind not in ("vllm", "chatkit"):
+            result = self.generate(request)
+            yield list(result.tokens)
+            yield result
+            return
+        self.check(request)
+        path, body = self._body(request)
+        url, body = self.base_url + path, {**body, "stream": True,
+                                           "stream_options": {"include_usage": True}}
+        for attempt in range(self.retries + 1):
+            try:
+                with self._client.stream("POST", url, json=body) as response:
+                    if response.status_code in RETRY_STATUS and attempt < self.retries:
+                        response.read()
+                        time.sleep(self._delay(response, attempt))
+                        continue
+                    if response.status_code != 200:
+                        response.read()
+                        self._json(url, response)  # raises the named error
+                    parser = _SSE(self, url, request)
+                    for line in response.iter_lines():
+                        yield from parser.line(line)
+                    yield parser.end()
+                    return
+            except httpx.TimeoutException as exc:
+                raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
+            except httpx.HTTPError as exc:
+                raise RemoteError(url, f"unreachable or cut: {exc}") from None
+
+    async def astream(self, request: GenerateRequest
+                      ) -> AsyncIterator[list[int] | GenerateResult]:
+        """``stream`` for async code; cancelling the task closes the connection."""
+        if self.kind not in ("vllm", "chatkit"):
+            result = await self.agenerate(request)
+            yield list(result.tokens)
+            yield result
+            return
+        self.check(request)
+        path, body = self._body(request)
+        url, body = self.base_url + path, {**body, "stream": True,
+                                           "stream_options": {"include_usage": True}}
+        async with contextlib.AsyncExitStack() as stack:
+            client = self._aclient
+            if client is None:
+                client = await stack.enter_async_context(
+                    httpx.AsyncClient(headers=self._headers, timeout=self._timeout))
+            for attempt in range(self.retries + 1):
+                try:
+                    async with client.stream("POST", url, json=body,
+                                             headers=self._headers) as response:
+                        if response.status_code in RETRY_STATUS and attempt < self.retries:
+                            await response.aread()
+                            await anyio.sleep(self._delay(response, attempt))
+                            continue
+                        if response.status_code != 200:
+                            await response.aread()
+                            self._json(url, response)
+                        parser = _SSE(self, url, request)
+                        async for line in response.aiter_lines():
+                            for piece in parser.line(line):
+                                yield piece
+                        yield parser.end()
+                        return
+                except httpx.TimeoutException as exc:
+                    raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
+                except httpx.HTTPError as exc:
+                    raise RemoteError(url, f"unreachable or cut: {exc}") from None
+
     def _delay(self, response: httpx.Response, attempt: int) -> float:
         after = response.headers.get("retry-after", "")
         wait = float(after) if after.replace(".", "", 1).isdigit() else 0.0
@@ -325,3 +400,50 @@ class RemoteEngine:
         except ValueError:
             raise RemoteError(url, f"a 200 whose body is not JSON: {response.text[:200]!r}"
                               ) from None
+
+
+class _SSE:
+    """OpenAI-style completion chunks (``data: {...}`` lines) with ``token_ids``."""
+
+    def __init__(self, engine: RemoteEngine, url: str, request: GenerateRequest) -> None:
+        self.engine, self.url, self.request = engine, url, request
+        self.tokens: list[int] = []
+        self.finish: Any = None
+        self.usage: dict[str, Any] = {}
+        self.done = False
+
+    def line(self, line: str) -> Iterator[list[int]]:
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise RemoteError(self.url, f"a stream chunk is not JSON: {data[:200]!r}") from None
+        if "error" in chunk:
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise RemoteError(self.url, f"the stream reported an error: {message}")
+        self.usage = chunk.get("usage") or self.usage
+        for choice in chunk.get("choices") or ():
+            ids = choice.get("token_ids")
+            if ids is None and choice.get("text"):
+                raise RemoteError(self.url, "a stream chunk has text but no token_ids "
+                                  "(return_token_ids unsupported?)")
+            if ids:
+                ids = [int(t) for t in ids]
+                self.tokens += ids
+                yield ids
+            if choice.get("finish_reason") is not None:
+                self.finish = choice["finish_reason"]
+
+    def end(self) -> GenerateResult:
+        if not self.done or self.finish is None:
+            raise RemoteError(self.url, "the stream was cut short (no finish_reason or no "
+                              "[DONE])")
+        cached = (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return self.engine.finish_result(list(self.tokens), self.finish, self.request,
+                                   int(self.usage.get("prompt_tokens", 0)), int(cached))

@@ -365,11 +365,18 @@ class ChatkitServer:
                                   else "response_format") from exc
         rid, created = new_id("cmpl"), now()
 
+        sent = [0] * len(lanes)  # token ids already sent per lane (streaming)
+
         def choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
             out: dict[str, Any] = {"index": i, "text": text, "finish_reason": finish,
                                    "logprobs": None}
-            if req.return_token_ids and finish is not None:
-                out["token_ids"] = list(lanes[i].ticket.turn.decoder.tokens)
+            if req.return_token_ids:
+                # streaming: the ids sampled since the last chunk (as vLLM does); else all
+                tokens = lanes[i].ticket.turn.decoder.tokens
+                now_sent = len(tokens)
+                out["token_ids"] = list(tokens[sent[i] : now_sent] if req.sampling.stream
+                                        else tokens)
+                sent[i] = now_sent
             return out
 
         def lane_finish(lane: _Lane) -> str:

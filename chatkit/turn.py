@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -440,6 +440,7 @@ class Turn:
         self._cut = False  # a stop string (or a repeated tool call) ended the text
         self.dropped_calls = 0
         self._held = ""  # text withheld while it may be the start of a stop string
+        self._fed = 0  # replayed tokens (remote engines)
 
     # ------------------------------------------------------------------ steps
     @property
@@ -516,33 +517,57 @@ class Turn:
         second reader as a local turn. A token the grammar forbids (a server that ignored
         it) is ``SchemaViolation``. ``check_grammar=False`` (text re-tokenized locally, not
         the server's own ids) leaves the check to the second reader. Yields text deltas;
-        then :meth:`finish`."""
+        then :meth:`finish`. Streaming drivers use :meth:`begin_replay`, :meth:`feed` and
+        :meth:`end_replay` as the ids arrive."""
+        self.begin_replay(check_grammar=check_grammar)
+        delta = self.feed(result.tokens)
+        if delta:
+            yield delta
+        delta = self.end_replay(result)
+        if delta:
+            yield delta
+
+    def begin_replay(self, *, check_grammar: bool = True) -> None:
+        """Start a replay: a decoder with no KV lease, the processor reset."""
         plan = self.plan
         plan.sampler.processor = plan.processor if check_grammar else None
         plan.sampler.reset()
         self._dec = Decoder(self.engine, plan.prompt, plan.sampler,
                             max_tokens=plan.max_tokens, stop_ids=plan.stop_ids, seq_id=-1)
-        dec = self._dec
-        dec.mark_start()
-        dec.reuse = max(0, min(result.cached_prompt_tokens, len(plan.prompt) - 1))
-        tokens = list(result.tokens)
-        if result.finish == "stop_token":
-            tokens.append(plan.stop_token)
-        for i, tok in enumerate(tokens):
+        self._dec.mark_start()
+        self._fed = 0
+
+    def feed(self, tokens: Sequence[int]) -> str:
+        """Replay the engine's next token ids; the text delta."""
+        dec = self.decoder
+        out = ""
+        for tok in tokens:
             if dec.done:
                 break
             row = np.full(self.engine.n_vocab, -np.inf, dtype=np.float32)
+            if not 0 <= tok < self.engine.n_vocab:
+                raise SchemaViolation(self.text, [f"the engine returned token id {tok}, "
+                                                  "outside the vocabulary"])
             row[tok] = 0.0
             try:
-                delta = self.first(row) if i == 0 else self.advance(row)
+                out += self.first(row) if self._fed == 0 else self.advance(row)
             except (AllTokensMasked, ConstraintError) as exc:
-                text = self.engine.detokenize(tokens[: i + 1])
-                raise SchemaViolation(text, [f"the engine's token {i} ({tok}) is outside "
-                                             f"the grammar: it was not enforced ({exc})"]
-                                      ) from exc
-            if delta:
-                yield delta
+                raise SchemaViolation(self.text, [
+                    f"the engine's token {self._fed} ({tok}, "
+                    f"{self.engine.token_bytes(tok)!r}) is outside the grammar: it was not "
+                    f"enforced ({exc})"]) from exc
+            self._fed += 1
+        return out
+
+    def end_replay(self, result: GenerateResult) -> str:
+        """The engine finished: its stop token (or its limit) ends the replay."""
+        dec = self.decoder
+        out = ""
+        if result.finish == "stop_token" and not dec.done:
+            out = self.feed([self.plan.stop_token])
+        dec.reuse = max(0, min(result.cached_prompt_tokens, len(self.plan.prompt) - 1))
         dec.finish("length")  # the engine stopped at its own limit (no-op when done)
+        return out
 
     def step(self) -> str:
         """One decode step (a verify step when speculative); returns the text delta."""
@@ -682,10 +707,18 @@ class Turn:
         self.seq = None
 
 
-def remote_deltas(turn: Turn, result: GenerateResult, out: list[Reply[Any]]) -> Iterator[str]:
-    """A coarse engine's result replayed through ``turn`` (see :meth:`Turn.replay`): text
-    deltas, then the checked Reply appended to ``out``."""
-    yield from turn.replay(result, check_grammar=result.text is None)
+def remote_deltas(turn: Turn, pieces: Iterable[list[int] | GenerateResult],
+                  out: list[Reply[Any]]) -> Iterator[str]:
+    """A coarse engine's streamed token ids replayed through ``turn`` as they come (see
+    :meth:`Turn.replay`): text deltas, then the checked Reply appended to ``out``."""
+    engine = turn.engine
+    assert isinstance(engine, GenerateEngine)
+    turn.begin_replay(check_grammar=engine.returns_token_ids)
+    for piece in pieces:
+        delta = turn.end_replay(piece) if isinstance(piece, GenerateResult) \
+            else turn.feed(piece)
+        if delta:
+            yield delta
     tail, reply = turn.finish()
     out.append(reply)
     if tail:
@@ -696,8 +729,9 @@ def run_remote(turn: Turn) -> Reply[Any]:
     """Drive a planned turn on a coarse (remote) engine: one request, then the replay."""
     engine = turn.engine
     assert isinstance(engine, GenerateEngine)
+    result = engine.generate(turn.generate_request())
     out: list[Reply[Any]] = []
-    for _ in remote_deltas(turn, engine.generate(turn.generate_request()), out):
+    for _ in remote_deltas(turn, [list(result.tokens), result], out):
         pass
     return out[0]
 

@@ -129,6 +129,24 @@ def test_remote_stream_async_batch_and_quorum(remote: RemoteEngine, smol: Model)
     assert sum(result.votes.values()) + len(result.failures) == 3
 
 
+def test_remote_stream_is_incremental(remote: RemoteEngine, smol: Model) -> None:
+    local = Conversation(smol, sampling=GREEDY).send("Tell me about cats.", max_tokens=40)
+    conv = Conversation(remote, sampling=GREEDY)
+    stream = conv.stream("Tell me about cats.", max_tokens=40)
+    deltas = list(stream)
+    assert len(deltas) > 5 and "".join(deltas) == local.text
+    assert stream.reply is not None and stream.reply.usage.completion_tokens == 40
+
+    async def main() -> list[str]:
+        got = []
+        async for d in Conversation(remote, sampling=GREEDY).astream("Tell me about cats.",
+                                                                     max_tokens=40):
+            got.append(d)
+        return got
+
+    assert anyio.run(main) == deltas
+
+
 def test_remote_refuses_speculation_and_custom_processors(remote: RemoteEngine) -> None:
     conv = Conversation(remote)
     with pytest.raises(InvalidParameter, match="speculative"):
@@ -225,6 +243,11 @@ def test_faults_are_named_and_leave_the_conversation(script: _Script, vocab: Mod
         with pytest.raises(error, match=match):
             conv.send("Judge.", schema=Verdict, max_tokens=40)
         assert conv.messages == []
+    cut = b'data: {"choices": [{"index": 0, "text": "{", "token_ids": [%d]}]}\n\n' % good[0]
+    script.replies = [(200, cut, 0)]
+    with pytest.raises(RemoteError, match="cut short"):
+        "".join(conv.stream("Judge.", schema=Verdict, max_tokens=40))
+    assert conv.messages == []
     script.replies = [(429, {}, 0), (503, {}, 0), (200, _completion([*good, eot]), 0)]
     reply = conv.send("Judge.", schema=Verdict, max_tokens=40)  # retried twice, then fine
     assert isinstance(reply.parsed, Verdict) and len(conv.messages) == 2
