@@ -16,7 +16,9 @@ Per path: outputs valid (schema-valid JSON; a call to an offered tool with schem
 arguments, and, for required/named, a call at all), requests refused by name (an HTTP 4xx
 or a chatkit refusal), silently unenforced (a 200 whose output is invalid), cut at
 max_tokens, p50 latency and output tokens/s. vLLM must be started first (README,
-"Scale-out"); nothing else should run meanwhile.
+"Scale-out"), with ``--enable-auto-tool-choice --tool-call-parser hermes`` for its own
+tool calls (without them it refuses every tools request); nothing else should run
+meanwhile.
 """
 
 from __future__ import annotations
