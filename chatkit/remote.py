@@ -272,12 +272,8 @@ class RemoteEngine:
         path, body = self._body(request)
         url = self.base_url + path
         for attempt in range(self.retries + 1):
-            try:
+            with _http_errors(url):
                 response = self._client.post(url, json=body)
-            except httpx.TimeoutException as exc:
-                raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
-            except httpx.HTTPError as exc:
-                raise RemoteError(url, f"unreachable: {exc}") from None
             if response.status_code in RETRY_STATUS and attempt < self.retries:
                 time.sleep(self._delay(response, attempt))
                 continue
@@ -297,12 +293,8 @@ class RemoteEngine:
     async def _apost(self, client: httpx.AsyncClient, url: str, body: dict[str, Any],
                      request: GenerateRequest) -> GenerateResult:
         for attempt in range(self.retries + 1):
-            try:
+            with _http_errors(url):
                 response = await client.post(url, json=body, headers=self._headers)
-            except httpx.TimeoutException as exc:
-                raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
-            except httpx.HTTPError as exc:
-                raise RemoteError(url, f"unreachable: {exc}") from None
             if response.status_code in RETRY_STATUS and attempt < self.retries:
                 await anyio.sleep(self._delay(response, attempt))
                 continue
@@ -318,29 +310,21 @@ class RemoteEngine:
             yield list(result.tokens)
             yield result
             return
-        self.check(request)
-        path, body = self._body(request)
-        url, body = self.base_url + path, {**body, "stream": True,
-                                           "stream_options": {"include_usage": True}}
+        url, body = self._stream_body(request)
         for attempt in range(self.retries + 1):
-            try:
-                with self._client.stream("POST", url, json=body) as response:
-                    if response.status_code in RETRY_STATUS and attempt < self.retries:
-                        response.read()
-                        time.sleep(self._delay(response, attempt))
-                        continue
-                    if response.status_code != 200:
-                        response.read()
-                        self._json(url, response)  # raises the named error
-                    parser = _SSE(self, url, request)
-                    for line in response.iter_lines():
-                        yield from parser.line(line)
-                    yield parser.end()
-                    return
-            except httpx.TimeoutException as exc:
-                raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
-            except httpx.HTTPError as exc:
-                raise RemoteError(url, f"unreachable or cut: {exc}") from None
+            with _http_errors(url), self._client.stream("POST", url, json=body) as response:
+                if response.status_code in RETRY_STATUS and attempt < self.retries:
+                    response.read()
+                    time.sleep(self._delay(response, attempt))
+                    continue
+                if response.status_code != 200:
+                    response.read()
+                    self._json(url, response)  # raises the named error
+                parser = _SSE(self, url, request)
+                for line in response.iter_lines():
+                    yield from parser.line(line)
+                yield parser.end()
+                return
 
     async def astream(self, request: GenerateRequest
                       ) -> AsyncIterator[list[int] | GenerateResult]:
@@ -350,17 +334,14 @@ class RemoteEngine:
             yield list(result.tokens)
             yield result
             return
-        self.check(request)
-        path, body = self._body(request)
-        url, body = self.base_url + path, {**body, "stream": True,
-                                           "stream_options": {"include_usage": True}}
+        url, body = self._stream_body(request)
         async with contextlib.AsyncExitStack() as stack:
             client = self._aclient
             if client is None:
                 client = await stack.enter_async_context(
                     httpx.AsyncClient(headers=self._headers, timeout=self._timeout))
             for attempt in range(self.retries + 1):
-                try:
+                with _http_errors(url):
                     async with client.stream("POST", url, json=body,
                                              headers=self._headers) as response:
                         if response.status_code in RETRY_STATUS and attempt < self.retries:
@@ -376,10 +357,12 @@ class RemoteEngine:
                                 yield piece
                         yield parser.end()
                         return
-                except httpx.TimeoutException as exc:
-                    raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
-                except httpx.HTTPError as exc:
-                    raise RemoteError(url, f"unreachable or cut: {exc}") from None
+
+    def _stream_body(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
+        self.check(request)
+        path, body = self._body(request)
+        return self.base_url + path, {**body, "stream": True,
+                                      "stream_options": {"include_usage": True}}
 
     def _delay(self, response: httpx.Response, attempt: int) -> float:
         after = response.headers.get("retry-after", "")
@@ -447,3 +430,14 @@ class _SSE:
         cached = (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         return self.engine.finish_result(list(self.tokens), self.finish, self.request,
                                    int(self.usage.get("prompt_tokens", 0)), int(cached))
+
+
+@contextlib.contextmanager
+def _http_errors(url: str) -> Iterator[None]:
+    """httpx's transport failures as ``RemoteError`` naming the URL."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise RemoteError(url, f"timed out ({exc.__class__.__name__})") from None
+    except httpx.HTTPError as exc:
+        raise RemoteError(url, f"unreachable, or the connection broke: {exc}") from None
