@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .conversation import AsyncReplyStream, Conversation, ReplyStream
     from .decoding import Generation, generate
     from .engine import (
+        Engine,
         GenerateEngine,
         GenerateRequest,
         GenerateResult,
@@ -81,6 +82,7 @@ _LAZY = {
     "ReplyStream": "conversation",
     "Generation": "decoding",
     "generate": "decoding",
+    "Engine": "engine",
     "GenerateEngine": "engine",
     "GenerateRequest": "engine",
     "GenerateResult": "engine",
@@ -161,6 +163,7 @@ __all__ = [
     "DecodeError",
     "DraftAwareProcessor",
     "DraftSource",
+    "Engine",
     "EngineBusy",
     "EngineLoop",
     "FinishReason",

@@ -20,7 +20,7 @@ from typing import Any, Literal, Unpack, overload
 from .concurrency import engine_limiter
 from .constraints import Constraint
 from .conversation import Conversation
-from .engine import SAFE_PREFILL_CHUNK, GenerateEngine, SeqChunk, StepEngine
+from .engine import SAFE_PREFILL_CHUNK, Engine, GenerateEngine, SeqChunk
 from .errors import ChatkitError, InvalidParameter, SharedProcessorError
 from .messages import Reply
 from .sampling import LogitProcessor
@@ -114,7 +114,7 @@ async def asend_batch(items: Sequence[BatchItem], *, return_exceptions: bool = F
 def _prepare(items: Sequence[BatchItem], schema: SchemaArg,
              options: TurnOptions) -> list[Turn]:
     check_options(dict(options))
-    model: StepEngine = items[0][0].model
+    model: Engine = items[0][0].model
     shared: dict[str, Any] = {**options, "schema": schema}
     seen_convs: set[int] = set()
     seen_procs: dict[int, int] = {}
@@ -178,7 +178,7 @@ class _Lockstep:
                  results: list[Reply[Any] | ChatkitError | None]) -> None:
         self.turns = turns
         self.results = results
-        self.model = turns[0].engine
+        self.model = turns[0].local
         self.waiting = deque(range(len(turns)))
         self.live: list[int] = []
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from .agent import ToolResult, arun_agent, run_agent
 from .concurrency import run_blocking
 from .constraints import Constraint
-from .engine import GenerateEngine, GenerateResult, StepEngine
+from .engine import Engine, GenerateEngine, GenerateResult
 from .errors import ContextOverflow, InvalidParameter
 from .messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from .sampling import Sampler, SamplingParams
@@ -64,7 +64,7 @@ class Conversation:
 
     def __init__(
         self,
-        model: StepEngine,
+        model: Engine,
         *,
         system: str | None = None,
         messages: Iterable[Message | Mapping[str, Any]] = (),
@@ -110,7 +110,8 @@ class Conversation:
         """The conversation's sampler; its RNG persists across turns."""
         self.kv = KVState(owner=id(self))
         """Which KV sequence holds this conversation's prompt, and what it holds."""
-        self._finalizer = weakref.finalize(self, model.release_seq_owner, id(self))
+        if not isinstance(model, GenerateEngine):  # a local model's KV sequences
+            weakref.finalize(self, model.release_seq_owner, id(self))
 
     # ------------------------------------------------------------ state as data
     def history(self) -> list[Message]:

@@ -30,8 +30,8 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["GenerateEngine", "GenerateRequest", "GenerateResult", "SeqChunk", "StepEngine",
-           "Vocabulary"]
+__all__ = ["Engine", "GenerateEngine", "GenerateRequest", "GenerateResult", "SeqChunk",
+           "StepEngine", "Vocabulary"]
 
 V = TypeVar("V")
 
@@ -202,6 +202,10 @@ class GenerateEngine(Vocabulary, Protocol):
 
     def astream(self, request: GenerateRequest) -> AsyncIterator[list[int] | GenerateResult]:
         ...
+
+
+Engine = StepEngine | GenerateEngine
+"""What a ``Conversation`` runs on: a local ``Model`` or a ``RemoteEngine``."""
 
 
 class IncrementalDetokenizer:

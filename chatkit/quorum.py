@@ -15,7 +15,7 @@ from typing import Any, TypedDict, Unpack
 
 from .batch import asend_batch, send_batch
 from .conversation import Conversation
-from .engine import StepEngine
+from .engine import Engine
 from .errors import ChatkitError, InvalidParameter
 from .messages import Reply
 from .sampling import SamplingParams
@@ -63,7 +63,7 @@ class QuorumOptions(TypedDict, total=False):
     """Reply token limit per lane (default 256)."""
 
 
-def quorum(model: StepEngine, prompt: str, *, schema: SchemaInput,
+def quorum(model: Engine, prompt: str, *, schema: SchemaInput,
            **options: Unpack[QuorumOptions]) -> QuorumResult:
     """Run the lanes of ``prompt`` under ``schema`` in one batch and vote on ``field``.
 
@@ -75,7 +75,7 @@ def quorum(model: StepEngine, prompt: str, *, schema: SchemaInput,
     return tally(replies, options.get("field", "decision"))
 
 
-async def aquorum(model: StepEngine, prompt: str, *, schema: SchemaInput,
+async def aquorum(model: Engine, prompt: str, *, schema: SchemaInput,
                   **options: Unpack[QuorumOptions]) -> QuorumResult:
     """``quorum`` for async code (the batch runs in a worker thread)."""
     convs = _lanes(model, options)
@@ -84,7 +84,7 @@ async def aquorum(model: StepEngine, prompt: str, *, schema: SchemaInput,
     return tally(replies, options.get("field", "decision"))
 
 
-def _lanes(model: StepEngine, options: QuorumOptions) -> list[Conversation]:
+def _lanes(model: Engine, options: QuorumOptions) -> list[Conversation]:
     unknown = set(options) - set(QuorumOptions.__annotations__)
     if unknown:
         raise InvalidParameter(sorted(unknown)[0], "unknown quorum option")

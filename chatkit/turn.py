@@ -19,13 +19,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
 from .constraints import Constraint
 from .decoding import Decoder, decide_finish
 from .engine import (
+    Engine,
     GenerateEngine,
     GenerateRequest,
     GenerateResult,
@@ -106,7 +107,7 @@ def check_options(options: dict[str, Any]) -> None:
 class TurnContext:
     """What the conversation contributes to planning a turn."""
 
-    engine: StepEngine
+    engine: Engine
     template: ChatTemplate
     history: list[Message]
     """The messages so far, system first."""
@@ -426,7 +427,7 @@ class Turn:
     ends the lease. One thread at a time.
     """
 
-    def __init__(self, engine: StepEngine, plan: TurnPlan, kv: KVState,
+    def __init__(self, engine: Engine, plan: TurnPlan, kv: KVState,
                  on_complete: Callable[[list[Message]], None]) -> None:
         self.engine = engine
         self.plan = plan
@@ -444,6 +445,14 @@ class Turn:
 
     # ------------------------------------------------------------------ steps
     @property
+    def local(self) -> StepEngine:
+        """The engine as a ``StepEngine`` (a local turn: KV leases, forward passes)."""
+        engine = self.engine
+        if isinstance(engine, GenerateEngine):
+            raise InvalidParameter("engine", "a remote engine is driven by requests, not steps")
+        return engine
+
+    @property
     def done(self) -> bool:
         return self._dec is not None and self._dec.done
 
@@ -451,12 +460,12 @@ class Turn:
         """Lease the KV sequence (waiting up to ``wait`` seconds for a free one, None: the
         engine's default) and reset the processor; nothing is evaluated yet."""
         plan = self.plan
-        self.seq, kept = self.engine.acquire_seq(self.kv.owner, self.kv.seq, wait=wait)
+        self.seq, kept = self.local.acquire_seq(self.kv.owner, self.kv.seq, wait=wait)
         plan.sampler.processor = plan.processor
         plan.sampler.reset()  # per-turn reset: one constraint governs each reply afresh
         self.kv.seq = self.seq
         reuse = common_prefix(self.kv.tokens, plan.prompt) if kept else 0
-        self._dec = Decoder(self.engine, plan.prompt, plan.sampler,
+        self._dec = Decoder(self.local, plan.prompt, plan.sampler,
                             max_tokens=plan.max_tokens, stop_ids=plan.stop_ids,
                             seq_id=self.seq, reuse=reuse)
         return self._dec
@@ -532,7 +541,8 @@ class Turn:
         plan = self.plan
         plan.sampler.processor = plan.processor if check_grammar else None
         plan.sampler.reset()
-        self._dec = Decoder(self.engine, plan.prompt, plan.sampler,
+        # A replay only samples (first/advance) and detokenizes: no stepping method runs.
+        self._dec = Decoder(cast(StepEngine, self.engine), plan.prompt, plan.sampler,
                             max_tokens=plan.max_tokens, stop_ids=plan.stop_ids, seq_id=-1)
         self._dec.mark_start()
         self._fed = 0
@@ -703,7 +713,7 @@ class Turn:
         if self.seq is None:
             return
         self.kv.tokens = self.decoder.kv_tokens()
-        self.engine.release_seq(self.seq)
+        self.local.release_seq(self.seq)
         self.seq = None
 
 

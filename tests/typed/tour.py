@@ -17,6 +17,7 @@ from chatkit import (
     Model,
     ModelRetry,
     QuorumResult,
+    RemoteEngine,
     Reply,
     SamplingParams,
     Tool,
@@ -107,4 +108,14 @@ async def async_tour(model: Model) -> None:
     answer = await conv.arun("Weather?", tools=[get_weather], schema=Verdict)
     assert_type(answer.parsed, Verdict)
     result = await aquorum(model, "Review: ...", schema=Verdict, lanes=3)
+    assert_type(result, QuorumResult)
+
+
+def remote_tour() -> None:
+    engine = RemoteEngine("http://127.0.0.1:8000", kind="vllm", model="smollm2",
+                          vocab=Model.load_vocab())
+    conv = Conversation(engine, system="You review claims.")
+    reply = conv.send("Judge: the sky is green.", schema=Verdict)
+    assert_type(reply.parsed, Verdict)
+    result = quorum(engine, "Review: ...", schema=Verdict, lanes=3)
     assert_type(result, QuorumResult)
