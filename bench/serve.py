@@ -240,11 +240,14 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        for kind, style in (("chatkit", "o-"), ("llama-cpp-python", "s--")):
-            ax1.plot(levels, [table[kind][c]["tok_s"] for c in levels], style, label=kind)
-            ax2.plot(levels, [table[kind][c]["p50"] for c in levels], style, label=f"{kind} p50")
-            ax2.plot(levels, [table[kind][c]["p99"] for c in levels], style, alpha=0.4,
-                     label=f"{kind} p99")
+        for kind, style, color in (("chatkit", "o-", "tab:blue"),
+                                   ("llama-cpp-python", "s--", "tab:orange")):
+            ax1.plot(levels, [table[kind][c]["tok_s"] for c in levels], style, color=color,
+                     label=kind)
+            ax2.plot(levels, [table[kind][c]["p50"] for c in levels], style, color=color,
+                     label=f"{kind} p50")
+            ax2.plot(levels, [table[kind][c]["p99"] for c in levels], style, color=color,
+                     alpha=0.4, label=f"{kind} p99")
         ax1.set(xscale="log", xlabel="concurrent clients", ylabel="aggregate output tok/s",
                 title="Throughput (schema-constrained)")
         ax2.set(xscale="log", yscale="log", xlabel="concurrent clients",
