@@ -15,12 +15,15 @@ another llama.cpp wrapper in the same process run it here too
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 __all__: list[str] = []
+
+_log = logging.getLogger("chatkit")
 
 R = TypeVar("R")
 
@@ -76,8 +79,12 @@ def _serve(jobs: queue.SimpleQueue[_Call | Tickable]) -> None:
             pass
         progressed = False
         for loop in list(active):
-            progressed = loop.tick() or progressed
-            if loop.retire():
+            try:
+                progressed = loop.tick() or progressed
+                if loop.retire():
+                    active.remove(loop)
+            except Exception:  # never let the compute thread die: every decode waits on it
+                _log.exception("a scheduler failed on the compute thread; dropped")
                 active.remove(loop)
 
 

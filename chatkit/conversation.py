@@ -407,11 +407,18 @@ class AsyncReplyStream(Generic[T]):
         if isinstance(model, GenerateEngine):
             request = turn.generate_request()
             turn.begin_replay(check_grammar=model.returns_token_ids)
-            async for piece in model.astream(request):
-                delta = turn.end_replay(piece) if isinstance(piece, GenerateResult) \
-                    else turn.feed(piece)
-                if delta:
-                    yield delta
+            pieces = model.astream(request)
+            try:
+                async for piece in pieces:
+                    delta = turn.end_replay(piece) if isinstance(piece, GenerateResult) \
+                        else turn.feed(piece)
+                    if delta:
+                        yield delta
+            finally:  # close the request now (a replay error, a consumer that left)
+                aclose = getattr(pieces, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
             tail, self.reply = turn.finish()
             if tail:
                 yield tail

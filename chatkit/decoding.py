@@ -115,6 +115,7 @@ class Decoder:
         self.stop_token: int | None = None
         self._pending: int | None = None  # sampled, not yet evaluated
         self._evaluated = 0  # reply tokens in the KV cache
+        self._held = len(self.prompt)  # prompt tokens in the KV cache (less mid-prefill)
         self.drafted = 0  # speculative draft tokens verified
         self.accepted = 0  # ... and accepted
         self._t0 = 0.0
@@ -144,9 +145,16 @@ class Decoder:
         self._t0 = time.perf_counter()
         with self.model.lock:
             self.model.seq_rm(self.seq_id, self.reuse, -1)
+        self._held = self.reuse
+
+    def prefilled(self, n: int) -> None:
+        """Drivers that prefill in steps: the first ``n`` prompt tokens are in the KV cache
+        (so an abandoned turn records only what the sequence holds)."""
+        self._held = n
 
     def first(self, row: Logits) -> int | None:
         """Sample the first token from the prompt's last logits row."""
+        self._held = len(self.prompt)
         tok = self._take(row)
         self._first = time.perf_counter() - self._t0
         return tok
@@ -269,6 +277,8 @@ class Decoder:
 
     def kv_tokens(self) -> list[int]:
         """Tokens held in the KV sequence: the prompt and every evaluated reply token."""
+        if self._held < len(self.prompt):
+            return self.prompt[: self._held]
         return self.prompt + self.tokens[: self._evaluated]
 
     def result(self) -> Generation:

@@ -114,7 +114,11 @@ class Message:
             role = "system"
         if role not in _ROLES:
             raise InvalidParameter("messages", f"unknown role {role!r}")
-        calls = tuple(ToolCall.from_openai(c) for c in data.get("tool_calls") or ())
+        raw_calls = data.get("tool_calls") or ()
+        if not isinstance(raw_calls, list | tuple) or not all(
+                isinstance(c, Mapping) for c in raw_calls):
+            raise InvalidParameter("messages", "tool_calls must be a list of objects")
+        calls = tuple(ToolCall.from_openai(c) for c in raw_calls)
         reasoning = data.get("reasoning_content", data.get("reasoning"))
         return cls(role=cast(Role, role), content=_content_text(data.get("content")),
                    reasoning=reasoning if isinstance(reasoning, str) else None,

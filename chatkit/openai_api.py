@@ -401,7 +401,11 @@ def parse_completion(body: Any, limits: ServerLimits) -> CompletionRequest:
         key = given[0]
         value = so[key]
         if key == "json":
-            request.schema = json.loads(value) if isinstance(value, str) else value
+            try:
+                request.schema = json.loads(value) if isinstance(value, str) else value
+            except ValueError as exc:
+                raise bad(f"structured_outputs.json is not JSON: {exc}",
+                          "structured_outputs.json", "schema_invalid") from exc
         elif key == "choice":
             if not isinstance(value, list) or not value or not all(
                     isinstance(c, str) for c in value):

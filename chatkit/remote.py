@@ -24,10 +24,11 @@ llama-cpp-      messages        a JSON schema only, as ``response_format`` json_
 python                          schema (its server's shape)
 ==============  ==============  =========================================================
 
-HTTP is httpx (a pooled sync client and a pooled async client per engine), with a
-timeout, and retries with exponential backoff on 429 and 503 only. Cancelling an async
-call aborts its request. Failures are ``RemoteError`` (server down, timeout, other
-status, a body that is not the API's); the conversation is unchanged on every error.
+HTTP is httpx (a pooled sync client per engine; async calls open a client per call
+unless one is given), with a timeout, and retries with exponential backoff on 429 and
+503 only. Cancelling an async call aborts its request. Failures are ``RemoteError``
+(server down, timeout, other status, a body that is not the API's, a finish reason other
+than stop or length); the conversation is unchanged on every error.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ CAPABILITIES: dict[str, Capabilities] = {
 }
 
 RETRY_STATUS = frozenset({429, 503})
+MAX_RETRY_WAIT = 30.0
+"""Seconds a retry waits at most, whatever ``Retry-After`` says."""
 
 
 class RemoteEngine:
@@ -244,18 +247,25 @@ class RemoteEngine:
                                     int(data.get("tokens_cached", 0)))
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
+            reason = choice.get("finish_reason")
+            if reason not in ("stop", "length"):
+                raise RemoteError(url, f"finish_reason {reason!r}: the reply cannot be "
+                                  "trusted as complete")
             finish: Literal["stop_token", "length"] = (
-                "length" if choice.get("finish_reason") == "length" else "stop_token")
+                "length" if reason == "length" else "stop_token")
             usage = data.get("usage") or {}
             return GenerateResult(tokens=self.tokenize(text, special=False), finish=finish,
                                   prompt_tokens=int(usage.get("prompt_tokens", 0)), text=text)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise RemoteError(url, f"the response is not {self.kind}'s API shape ({exc!r}): "
                               f"{json.dumps(data)[:300]}") from None
 
     def finish_result(self, tokens: list[int], reason: Any, request: GenerateRequest,
                       prompt_tokens: int, cached: int) -> GenerateResult:
         """The tokens without a trailing stop token, and why the engine stopped."""
+        if reason not in ("stop", "length"):
+            raise RemoteError(self.base_url, f"finish_reason {reason!r} (neither a stop nor "
+                              "the length limit): the reply cannot be trusted as complete")
         if tokens and tokens[-1] in request.stop_ids:
             tokens = tokens[:-1]
             finish: Literal["stop_token", "length"] = "stop_token"
@@ -367,7 +377,7 @@ class RemoteEngine:
     def _delay(self, response: httpx.Response, attempt: int) -> float:
         after = response.headers.get("retry-after", "")
         wait = float(after) if after.replace(".", "", 1).isdigit() else 0.0
-        return max(wait, self.backoff * 2.0**attempt)
+        return min(MAX_RETRY_WAIT, max(wait, self.backoff * 2.0**attempt))
 
     def _json(self, url: str, response: httpx.Response) -> Any:
         if response.status_code != 200:
@@ -417,7 +427,9 @@ class _SSE:
                 raise RemoteError(self.url, "a stream chunk has text but no token_ids "
                                   "(return_token_ids unsupported?)")
             if ids:
-                ids = [int(t) for t in ids]
+                if not isinstance(ids, list) or not all(
+                        isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                    raise RemoteError(self.url, f"token_ids is not a list of ids: {ids!r:.200}")
                 self.tokens += ids
                 yield ids
             if choice.get("finish_reason") is not None:
@@ -427,9 +439,14 @@ class _SSE:
         if not self.done or self.finish is None:
             raise RemoteError(self.url, "the stream was cut short (no finish_reason or no "
                               "[DONE])")
-        cached = (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        try:
+            details = self.usage.get("prompt_tokens_details") or {}
+            cached = int(details.get("cached_tokens") or 0)
+            prompt_tokens = int(self.usage.get("prompt_tokens", 0))
+        except (TypeError, ValueError, AttributeError):
+            raise RemoteError(self.url, f"usage is malformed: {self.usage!r:.200}") from None
         return self.engine.finish_result(list(self.tokens), self.finish, self.request,
-                                   int(self.usage.get("prompt_tokens", 0)), int(cached))
+                                         prompt_tokens, cached)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -76,6 +76,10 @@ class Ticket:
         self._cond = threading.Condition()
         self._waker: Callable[[], None] | None = None
         self.cancelled = False
+        self.head_since: float | None = None
+        """When the turn reached the head of the queue (its ``seq_wait`` counts from here)."""
+        self.on_close: list[Callable[[], None]] = []
+        """Called once the loop has let go of the turn (e.g. to return a KV claim)."""
 
     # ------------------------------------------------------------ loop side
     def post(self, kind: Literal["delta", "reply", "error", "closed"], value: Any) -> None:
@@ -87,10 +91,16 @@ class Ticket:
             waker()
 
     def mark_closed(self) -> None:
-        """The loop has let go of the turn (its sequence is released): the last event."""
+        """The loop has let go of the turn (its sequence is released): the last event; then
+        the ``on_close`` callbacks run (on the loop's thread)."""
         with self._cond:
             self.state = "closed"
         self.post("closed", None)
+        for callback in self.on_close:
+            try:
+                callback()
+            except Exception:
+                _log.exception("ticket on_close callback failed")
 
     # -------------------------------------------------------- consumer side
     def cancel(self) -> None:
@@ -107,6 +117,7 @@ class Ticket:
         if kind == "delta":
             return str(value)
         if kind == "reply":
+            self.turn.record()  # on the consumer's side: a consumer that left records nothing
             self.reply = value
         elif kind == "error":
             raise value
@@ -132,7 +143,7 @@ class Ticket:
                 self.cancel()
                 self.wait_closed()
 
-    async def adeltas(self) -> AsyncIterator[str]:
+    async def adeltas(self) -> AsyncGenerator[str, None]:
         """``deltas`` for async code: waits on an event the loop sets (asyncio: no worker
         thread, so nothing is left running when the event loop shuts down) and never
         blocks the event loop. Cancelling the task, or leaving early, cancels the turn."""
@@ -260,7 +271,22 @@ class EngineLoop:
 
     def tick(self) -> bool:
         """One round: reap cancelled turns, admit, one forward pass, finish the done.
-        False when no turn could run (every sequence leased elsewhere)."""
+        False when no turn could run (every sequence leased elsewhere, or the engine's lock
+        held by another driver).
+
+        The engine's lock is only ever tried, never waited for: another driver (``send_batch``,
+        speculation, ``generate``) holds it while it waits for this same compute thread to
+        run its decode, so waiting here would deadlock both. Stalled, the compute thread
+        runs that driver's call and comes back."""
+        lock = self.engine.lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            return self._tick()
+        finally:
+            lock.release()
+
+    def _tick(self) -> bool:
         try:
             self._reap_cancelled()
             self._admit()
@@ -316,7 +342,9 @@ class EngineLoop:
                 self._drop_waiting(t, exc)
                 continue
             if not opened:
-                if now - t.submitted > engine.seq_wait:
+                if t.head_since is None:
+                    t.head_since = now
+                if now - t.head_since > engine.seq_wait:
                     self._drop_waiting(t, EngineBusy(
                         f"no KV sequence came free in {engine.seq_wait:g} s "
                         f"(n_seq_max={engine.n_seq_max})", queued=len(self._waiting),
@@ -381,8 +409,9 @@ class EngineLoop:
             kinds = {kind for _, kind in owners}
             if "advance" in kinds and kinds - {"advance"}:
                 self.stats.mixed_steps += 1
-            for (t, kind), row in zip(owners, rows, strict=True):
+            for (t, kind), row, chunk in zip(owners, rows, chunks, strict=True):
                 if kind == "none":
+                    t.turn.decoder.prefilled(chunk.pos + len(chunk.tokens))
                     continue
                 try:
                     if kind == "first":
@@ -403,7 +432,7 @@ class EngineLoop:
             with self._lock:
                 self._live.remove(t)
             try:
-                tail, reply = t.turn.finish()
+                tail, reply = t.turn.finish(record=False)
             except Exception as exc:
                 self._close(t, exc)
                 continue

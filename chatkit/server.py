@@ -16,6 +16,9 @@ token. A client that disconnects cancels its turns at the next step.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -23,9 +26,6 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import anyio
-from anyio.streams.memory import MemoryObjectSendStream
 
 from .concurrency import run_blocking
 from .constraints import Constraint
@@ -228,52 +228,77 @@ class ChatkitServer:
         try:
             for turn in turns:
                 turn.kv = self.kv.borrow(turn.plan.prompt)
-                lanes.append(_Lane(self.loop.submit(turn),
-                                   hold=bool(turn.plan.tools) or turn.plan.thinking))
+                try:
+                    ticket = self.loop.submit(turn)
+                except EngineBusy:
+                    self.kv.give_back(turn.kv)
+                    raise
+                # the claim comes back when the loop lets go of the turn, whatever happens
+                ticket.on_close.append(functools.partial(self.kv.give_back, turn.kv))
+                lanes.append(_Lane(ticket, hold=bool(turn.plan.tools) or turn.plan.thinking))
         except EngineBusy:
             for lane in lanes:
                 lane.ticket.cancel()
-            for turn in turns:
-                self.kv.give_back(turn.kv)
             raise
         return lanes
 
     async def _events(self, lanes: list[_Lane]) -> AsyncIterator[tuple[int, str | None]]:
         """Merged (lane, text delta) events; (lane, None) when a lane ends (its ``reply`` or
-        ``finish`` is then set). Errors other than a cut at max_tokens propagate."""
-        send, receive = anyio.create_memory_object_stream[tuple[int, Any]](64)
+        ``finish`` is then set). Errors other than a cut at max_tokens propagate as they
+        are (named), after the request timeout ``TimeoutError``. One asyncio task per
+        lane feeds a queue, so nothing here yields inside a cancel scope; leaving (a
+        disconnect, an error) cancels every lane's turn."""
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
-        async def pump(i: int, lane: _Lane, out: MemoryObjectSendStream[tuple[int, Any]]
-                       ) -> None:
-            async with out:
-                try:
-                    async for delta in lane.ticket.adeltas():
-                        await out.send((i, delta))
-                    lane.reply = lane.ticket.reply
-                    await out.send((i, None))
-                except Truncated as exc:
-                    lane.text, lane.finish = exc.text, "length"
-                    await out.send((i, None))
-                except Exception as exc:
-                    await out.send((i, exc))
-                finally:
-                    self.kv.give_back(lane.ticket.turn.kv)
+        async def pump(i: int, lane: _Lane) -> None:
+            try:
+                async with contextlib.aclosing(lane.ticket.adeltas()) as deltas:
+                    async for delta in deltas:
+                        queue.put_nowait((i, delta))
+                lane.reply = lane.ticket.reply
+                queue.put_nowait((i, None))
+            except Truncated as exc:
+                lane.text, lane.finish = exc.text, "length"
+                queue.put_nowait((i, None))
+            except Exception as exc:
+                queue.put_nowait((i, exc))
 
+        tasks = [asyncio.create_task(pump(i, lane)) for i, lane in enumerate(lanes)]
+        deadline = asyncio.get_running_loop().time() + self.limits.request_timeout
         try:
-            with anyio.fail_after(self.limits.request_timeout):
-                async with anyio.create_task_group() as tg:
-                    async with send:
-                        for i, lane in enumerate(lanes):
-                            tg.start_soon(pump, i, lane, send.clone())
-                    async with receive:
-                        async for i, item in receive:
-                            if isinstance(item, Exception):
-                                tg.cancel_scope.cancel()
-                                raise item
-                            yield i, item
+            ended = 0
+            while ended < len(lanes):
+                left = deadline - asyncio.get_running_loop().time()
+                i, item = await asyncio.wait_for(queue.get(), timeout=max(left, 0.0))
+                if isinstance(item, Exception):
+                    raise item
+                ended += item is None
+                yield i, item
         finally:
             for lane in lanes:
                 lane.ticket.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _until_disconnect(self, request: Request, lanes: list[_Lane]) -> None:
+        """A non-streaming request: cancel its turns when the client goes away."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                for lane in lanes:
+                    lane.ticket.cancel()
+                return
+
+    async def _collect(self, request: Request, lanes: list[_Lane]) -> None:
+        """Run a non-streaming request's lanes to their end (text into each lane)."""
+        watcher = asyncio.create_task(self._until_disconnect(request, lanes))
+        try:
+            async for i, delta in self._events(lanes):
+                if delta is not None and lanes[i].finish is None:
+                    lanes[i].text += delta
+        finally:
+            watcher.cancel()
 
     # ----------------------------------------------------------------- chat
     async def chat(self, request: Request) -> Response:
@@ -286,9 +311,7 @@ class ChatkitServer:
         if req.sampling.stream:
             return StreamingResponse(self._chat_sse(lanes, rid, created, req),
                                      media_type="text/event-stream")
-        async for i, delta in self._events(lanes):
-            if delta is not None and lanes[i].finish is None:
-                lanes[i].text += delta
+        await self._collect(request, lanes)
         choices = []
         for i, lane in enumerate(lanes):
             reply = lane.reply
@@ -321,7 +344,8 @@ class ChatkitServer:
                 lane = lanes[i]
                 if delta is not None:
                     if lane.hold:
-                        lane.text += delta
+                        if lane.finish is None:
+                            lane.text += delta
                     else:
                         yield chunk(i, {"content": delta})
                     continue
@@ -392,9 +416,7 @@ class ChatkitServer:
             return out
 
         if not req.sampling.stream:
-            async for i, delta in self._events(lanes):
-                if delta is not None and lanes[i].finish is None:
-                    lanes[i].text += delta
+            await self._collect(request, lanes)
             return JSONResponse(body([
                 choice(i, lane.reply.text if lane.reply else lane.text, lane_finish(lane))
                 for i, lane in enumerate(lanes)], True))

@@ -442,6 +442,7 @@ class Turn:
         self.dropped_calls = 0
         self._held = ""  # text withheld while it may be the start of a stop string
         self._fed = 0  # replayed tokens (remote engines)
+        self._added: list[Message] = []  # checked, not yet recorded (see complete)
 
     # ------------------------------------------------------------------ steps
     @property
@@ -482,10 +483,10 @@ class Turn:
         while not self.done:
             yield self.step
 
-    def finish(self) -> tuple[str, Reply[Any]]:
+    def finish(self, *, record: bool = True) -> tuple[str, Reply[Any]]:
         """The withheld tail and the checked, recorded Reply (see :meth:`complete`)."""
         tail = self.flush()
-        return tail, self.complete()
+        return tail, self.complete(record=record)
 
     def try_open(self) -> bool:
         """Open now if a KV sequence is free (async drivers wait between tries, outside the
@@ -554,6 +555,8 @@ class Turn:
         for tok in tokens:
             if dec.done:
                 break
+            if tok in self.plan.stop_ids:  # the engine's stop (EOS or end of turn): the turn's
+                tok = self.plan.stop_token
             row = np.full(self.engine.n_vocab, -np.inf, dtype=np.float32)
             if not 0 <= tok < self.engine.n_vocab:
                 raise SchemaViolation(self.text, [f"the engine returned token id {tok}, "
@@ -663,11 +666,13 @@ class Turn:
         return tail
 
     # ---------------------------------------------------------------- outcome
-    def complete(self) -> Reply[Any]:
+    def complete(self, *, record: bool = True) -> Reply[Any]:
         """Check the reply (truncation, second reader, tool calls), record it, return it.
 
         Raises ``Truncated``, ``SchemaViolation`` or ``ToolArgumentsInvalid``; then nothing
-        is recorded.
+        is recorded. ``record=False`` leaves recording to :meth:`record` (the engine loop
+        finishes a turn on its thread; the consumer records it when it takes the Reply, so
+        a consumer that left first records nothing).
         """
         d = self.decoder
         gen = d.result()
@@ -704,9 +709,17 @@ class Turn:
                    usage.completion_tokens, usage.prompt_seconds, usage.total_seconds, finish)
         added = [plan.user] if plan.user is not None else []
         added.append(Message("assistant", text, reasoning=reasoning, tool_calls=tuple(calls)))
-        self.on_complete(added)
+        self._added = added
+        if record:
+            self.record()
         return Reply(text=text, finish_reason=finish, usage=usage, parsed=parsed,
                      reasoning=reasoning, tool_calls=calls, dropped_calls=self.dropped_calls)
+
+    def record(self) -> None:
+        """Add the completed turn's messages to the conversation (once)."""
+        added, self._added = self._added, []
+        if added:
+            self.on_complete(added)
 
     def release(self) -> None:
         """Record what the KV sequence now holds and end the lease (every exit path)."""

@@ -142,3 +142,54 @@ def test_full_queue_is_engine_busy(smol: Model) -> None:
     finally:
         loop.max_queue = 256
     assert Conversation(smol).send("hi", max_tokens=2).text is not None
+
+
+def test_batches_and_speculation_beside_the_loop_do_not_deadlock(smol: Model) -> None:
+    """send_batch and speculative sends hold the model's lock while their decodes run on the
+    compute thread; the loop only tries that lock, so all of them finish."""
+    from chatkit import send_batch
+
+    errors: list[BaseException] = []
+
+    def batch() -> None:
+        try:
+            send_batch([(Conversation(smol), f"Say {i}.") for i in range(2)], max_tokens=24)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def plain(i: int) -> None:
+        try:
+            Conversation(smol).send(f"Count to {i}.", max_tokens=24)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def spec() -> None:
+        try:
+            Conversation(smol).send("Spell cat.", max_tokens=24, speculative=True)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=batch), threading.Thread(target=spec),
+               *(threading.Thread(target=plain, args=(i,)) for i in range(2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
+    assert errors == []
+
+
+def test_cancelled_mid_prefill_keeps_kv_exact(smol: Model) -> None:
+    long_text = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 30
+    conv = Conversation(smol, sampling=SamplingParams(temperature=0.0))
+
+    async def main() -> None:
+        with anyio.move_on_after(0.15):  # inside the ~1 s prefill
+            await conv.asend(long_text, max_tokens=8)
+
+    anyio.run(main)
+    assert conv.messages == [] and smol.free_seqs() == smol.n_seq_max
+    again = conv.send(long_text, max_tokens=8).text  # reuses what the sequence really holds
+    fresh = Conversation(smol, sampling=SamplingParams(temperature=0.0)).send(long_text,
+                                                                             max_tokens=8)
+    assert again == fresh.text

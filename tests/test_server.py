@@ -370,6 +370,36 @@ def test_disconnect_cancels_the_turn(server: _Running, smol: Model) -> None:
     assert smol.free_seqs() == smol.n_seq_max
 
 
+def test_a_non_streaming_request_is_cancelled_when_the_client_leaves(
+        server: _Running, smol: Model) -> None:
+    loop = engine_loop(smol)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base + "/v1/chat/completions", timeout=1.5, json={
+            "model": NAME, "max_tokens": 500, "temperature": 0,
+            "response_format": {"type": "json_object", "schema": {  # cannot end early
+                "type": "object", "required": ["story"],
+                "properties": {"story": {"type": "string", "minLength": 4000}}}},
+            "messages": [{"role": "user", "content": "Write a very long story."}]})
+    deadline = time.monotonic() + 2  # 500 tokens would take ~5 s more
+    while loop.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loop.running == 0
+
+
+def test_errors_during_generation_keep_their_name(server: _Running,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import chatkit.turn
+    from chatkit import SchemaViolation
+
+    def broken(self: Any, *, record: bool = True) -> Any:
+        raise SchemaViolation("x", ["the reader disagreed"])
+
+    monkeypatch.setattr(chatkit.turn.Turn, "complete", broken)
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=60, json={
+        "model": NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "SchemaViolation"
+
+
 # ------------------------------------------------------------ other clients
 def test_pydantic_ai_agent_with_a_tool_and_output_type(server: _Running) -> None:
     from pydantic_ai import Agent
