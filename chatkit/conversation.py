@@ -1,8 +1,9 @@
 """``Conversation``: messages, an engine, and one constrained reply per ``send``.
 
-A turn is planned and stepped by :mod:`chatkit.turn` and driven twice:
-synchronously by ``send``/``stream`` and asynchronously by ``asend``/``astream``,
-which run each blocking step in a worker thread (anyio). The constraint is
+A turn is planned by :mod:`chatkit.turn` and stepped by the model's engine loop
+(:mod:`chatkit.scheduler`), which ``send``/``stream`` wait on from a thread and
+``asend``/``astream`` from a task; speculative turns step on the caller's side, and
+a remote engine's turns are requests replayed locally. The constraint is
 reset at the start of every assistant turn; the KV cache keeps the
 conversation's prompt, so each turn evaluates only the new suffix. The agent
 loop (``run``/``arun``) lives in :mod:`chatkit.agent` and drives the same turns.
@@ -258,8 +259,9 @@ class Conversation:
 
     async def asend(self, text: str, *, schema: SchemaArg = None,
                     **options: Unpack[TurnOptions]) -> Reply[Any]:
-        """``send`` for async code: every llama.cpp step runs in a worker thread, one at a
-        time per model (an anyio ``CapacityLimiter(1)``), so other tasks keep running."""
+        """``send`` for async code: planning runs in a worker thread, the steps in the
+        model's engine loop (shared with every other turn); the task waits without
+        blocking the event loop. A remote engine is awaited over HTTP."""
         return await self._asend(text, schema, options)
 
     @overload
@@ -387,8 +389,9 @@ class ReplyStream(Generic[T]):
 class AsyncReplyStream(Generic[T]):
     """``async for`` text deltas; ``reply`` is set when the iteration ends normally.
 
-    Planning and every step run in a worker thread under the model's limiter.
-    Leaving the loop early (or cancelling) abandons the turn (nothing is appended).
+    Planning runs in a worker thread; the steps run in the model's engine loop (a
+    speculative turn: in worker threads). Leaving the loop early (or cancelling) abandons
+    the turn (nothing is appended).
     """
 
     def __init__(self, conv: Conversation, text: str | None, schema: SchemaArg,
