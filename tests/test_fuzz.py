@@ -10,6 +10,7 @@ import io
 import time
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,17 @@ from chatkit import ChatkitError, ChatTemplate, Constraint, Message, Model, Temp
 from chatkit.cli import main
 from chatkit.errors import ChatkitError as Base
 from chatkit.templates import tokenize_segments
-from tests.fuzzing.strategies import SPECIAL, cli_args, contents, lark_grammars, regexes, schemas
+from tests.fuzzing.strategies import (
+    OPENAI_FIELDS,
+    OPENAI_OK,
+    SPECIAL,
+    cli_args,
+    contents,
+    lark_grammars,
+    openai_bodies,
+    regexes,
+    schemas,
+)
 from tests.fuzzing.strategies import templates as template_sources
 
 FAST = settings(max_examples=120, deadline=None, derandomize=True,
@@ -99,3 +110,29 @@ def test_cli_exits_by_name(args: list[str]) -> None:
     text = err.getvalue()
     assert code in EXIT_CODES and code != 0, (code, text)
     assert "Traceback" not in text and text.startswith("chatkit: ") and text.count("\n") == 1
+
+
+def _parsed_or_refused(body: Any) -> None:
+    """What a server request can hold: parsed, or a RequestError (an OpenAI-shaped 4xx)
+    naming what is wrong; never another exception (which would be a 500)."""
+    from chatkit.openai_api import RequestError, ServerLimits, parse_chat, parse_completion
+
+    for parse in (parse_chat, parse_completion):
+        try:
+            parse(body, ServerLimits())
+        except RequestError as exc:
+            assert 400 <= exc.status < 500 and exc.message
+
+
+@FAST
+@given(openai_bodies)
+def test_openai_request_bodies_are_parsed_or_refused(body: Any) -> None:
+    _parsed_or_refused(body)
+
+
+@pytest.mark.parametrize("field", sorted(OPENAI_FIELDS))
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_each_openai_field_is_parsed_or_refused(field: str, data: st.DataObject) -> None:
+    _parsed_or_refused({**OPENAI_OK, field: data.draw(OPENAI_FIELDS[field])})

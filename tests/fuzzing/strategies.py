@@ -73,3 +73,40 @@ cli_args = st.lists(st.one_of(
     st.text(max_size=20), st.sampled_from(["1e308", "-1", "0", "nan", "@/nonexistent",
                                            '{"type": "string"}', "a{1000000}"])),
     max_size=6)
+
+
+# OpenAI request bodies: right fields with wrong shapes, and the odd right one.
+_roles = st.sampled_from(["system", "user", "assistant", "tool", "developer", "robot", 3])
+_content = st.one_of(st.none(), st.text(max_size=20), st.integers(),
+                     st.lists(st.one_of(st.fixed_dictionaries({"type": st.just("text"),
+                                                               "text": st.text(max_size=8)}),
+                                        json_values), max_size=3))
+_message = st.one_of(json_values, st.fixed_dictionaries(
+    {"role": _roles}, optional={"content": _content, "tool_call_id": json_values,
+                                "tool_calls": json_values, "reasoning_content": json_values,
+                                "name": json_values}))
+_tool = st.one_of(json_values, st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.one_of(st.text(max_size=8), json_values)},
+        optional={"parameters": st.one_of(schemas, json_values), "description": json_values})}))
+OPENAI_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "model": json_values, "messages": st.one_of(json_values, st.lists(_message, max_size=4)),
+    "prompt": st.one_of(json_values, st.lists(st.integers(-5, 60000), max_size=5)),
+    "tools": st.one_of(json_values, st.lists(_tool, max_size=3)),
+    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", "x"]), json_values),
+    "response_format": st.one_of(json_values, st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])},
+        optional={"schema": schemas, "json_schema": json_values})),
+    "structured_outputs": json_values, "temperature": json_values, "top_p": json_values,
+    "n": json_values, "max_tokens": json_values, "max_completion_tokens": json_values,
+    "stop": json_values, "seed": json_values, "stream": json_values,
+    "stream_options": json_values, "parallel_tool_calls": json_values,
+    "chat_template_kwargs": json_values, "reasoning_effort": json_values,
+    "logprobs": json_values, "frequency_penalty": json_values}
+# wrong-typed scalars as often as the field's own shapes
+OPENAI_FIELDS = {key: st.one_of(scalars, value) for key, value in OPENAI_FIELDS.items()}
+_fields = st.fixed_dictionaries({}, optional=OPENAI_FIELDS)
+# Well-formed messages and prompt, to pair with ONE hostile field (tests/test_fuzz.py), so
+# every field's parser is reached (a body with many bad fields is refused at the first).
+OPENAI_OK = {"messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+openai_bodies = st.one_of(json_values, _fields)
