@@ -161,6 +161,11 @@ def in_process(path: Path, schemas: list[dict[str, Any]], max_tokens: int, count
     from chatkit import Conversation, Model, SamplingParams, Truncated
 
     model = Model.load(path, n_ctx=8192, n_seq_max=8)
+    for schema in schemas[:2]:  # warm-up, as the servers get (tokenizer, first grammars)
+        try:
+            Conversation(model).send(prompt(schema), schema=schema, max_tokens=16)
+        except Truncated:
+            pass
     lat, tokens, ok = [], 0, 0
     t0 = time.perf_counter()
     for j in range(requests):
