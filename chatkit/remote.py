@@ -4,7 +4,7 @@ chatkit keeps the parts that go wrong on servers: it renders the chat template
 segment-safely, tokenizes, and builds the grammar, all locally from the same model's
 vocabulary (``Model.load_vocab``); the engine is asked only to sample under that
 grammar from those token ids. Its tokens then go through the turn's own grammar again
-(:meth:`chatkit.turn.Turn.replay`: a token outside it is ``SchemaViolation``) and the
+(:meth:`chatkit.turn.Turn.begin_replay`: a token outside it is ``SchemaViolation``) and the
 second reader. What a ``kind`` of server cannot enforce is refused by name before any
 request (``RemoteUnsupported``); it is never sent unenforced.
 

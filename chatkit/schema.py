@@ -169,6 +169,13 @@ def _schema_depth(doc: Any) -> int:
     return deepest
 
 
+def closed_objects(doc: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``doc`` with its objects closed (see :func:`close_objects`)."""
+    copy: dict[str, Any] = json.loads(json.dumps(doc))
+    close_objects(copy)
+    return copy
+
+
 def close_objects(doc: dict[str, Any]) -> None:
     """Pydantic ignores (or forbids) undeclared fields, so the grammar need not generate them:
     objects without an ``additionalProperties`` decision get ``false``."""

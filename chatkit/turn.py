@@ -442,6 +442,7 @@ class Turn:
         self.dropped_calls = 0
         self._held = ""  # text withheld while it may be the start of a stop string
         self._fed = 0  # replayed tokens (remote engines)
+        self._row: Logits = np.empty(0, dtype=np.float32)  # the replay's one-hot row
         self._added: list[Message] = []  # checked, not yet recorded (see complete)
 
     # ------------------------------------------------------------------ steps
@@ -521,24 +522,13 @@ class Turn:
             grammar_kind=("tools" if plan.tools else "think+schema" if plan.thinking
                           else c.kind if c is not None else None))
 
-    def replay(self, result: GenerateResult, *, check_grammar: bool = True) -> Iterator[str]:
-        """A coarse engine's tokens, fed through this turn's own sampler and grammar as
-        one-hot rows: the same stop strings, tool-call and think parsing, finish rule and
-        second reader as a local turn. A token the grammar forbids (a server that ignored
-        it) is ``SchemaViolation``. ``check_grammar=False`` (text re-tokenized locally, not
-        the server's own ids) leaves the check to the second reader. Yields text deltas;
-        then :meth:`finish`. Streaming drivers use :meth:`begin_replay`, :meth:`feed` and
-        :meth:`end_replay` as the ids arrive."""
-        self.begin_replay(check_grammar=check_grammar)
-        delta = self.feed(result.tokens)
-        if delta:
-            yield delta
-        delta = self.end_replay(result)
-        if delta:
-            yield delta
-
     def begin_replay(self, *, check_grammar: bool = True) -> None:
-        """Start a replay: a decoder with no KV lease, the processor reset."""
+        """Start replaying a coarse engine's tokens (then :meth:`feed` as they come and
+        :meth:`end_replay`): they go through this turn's own sampler and grammar as one-hot
+        rows, so the stop strings, tool-call and think parsing, finish rule and second reader
+        are a local turn's. A token the grammar forbids (a server that ignored it) is
+        ``SchemaViolation``. ``check_grammar=False`` (text re-tokenized locally, not the
+        server's own ids) leaves the check to the second reader."""
         plan = self.plan
         plan.sampler.processor = plan.processor if check_grammar else None
         plan.sampler.reset()
@@ -547,6 +537,7 @@ class Turn:
                             max_tokens=plan.max_tokens, stop_ids=plan.stop_ids, seq_id=-1)
         self._dec.mark_start()
         self._fed = 0
+        self._row = np.full(self.engine.n_vocab, -np.inf, dtype=np.float32)
 
     def feed(self, tokens: Sequence[int]) -> str:
         """Replay the engine's next token ids; the text delta."""
@@ -557,10 +548,11 @@ class Turn:
                 break
             if tok in self.plan.stop_ids:  # the engine's stop (EOS or end of turn): the turn's
                 tok = self.plan.stop_token
-            row = np.full(self.engine.n_vocab, -np.inf, dtype=np.float32)
             if not 0 <= tok < self.engine.n_vocab:
                 raise SchemaViolation(self.text, [f"the engine returned token id {tok}, "
                                                   "outside the vocabulary"])
+            row = self._row
+            row.fill(-np.inf)  # the sampler may have written into it
             row[tok] = 0.0
             try:
                 out += self.first(row) if self._fed == 0 else self.advance(row)
@@ -733,7 +725,7 @@ class Turn:
 def remote_deltas(turn: Turn, pieces: Iterable[list[int] | GenerateResult],
                   out: list[Reply[Any]]) -> Iterator[str]:
     """A coarse engine's streamed token ids replayed through ``turn`` as they come (see
-    :meth:`Turn.replay`): text deltas, then the checked Reply appended to ``out``."""
+    :meth:`Turn.begin_replay`): text deltas, then the checked Reply appended to ``out``."""
     engine = turn.engine
     assert isinstance(engine, GenerateEngine)
     turn.begin_replay(check_grammar=engine.returns_token_ids)

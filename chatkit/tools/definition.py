@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
-from ..schema import SchemaReader, close_objects, compile_json_schema, load_schema
+from ..schema import SchemaReader, closed_objects, compile_json_schema, load_schema
 
 __all__ = ["ModelRetry", "Tool", "ToolDefinition", "tool"]
 
@@ -77,8 +77,7 @@ class Tool:
         try:
             doc = load_schema(parameters).doc
             if isinstance(doc, dict):
-                doc = json.loads(json.dumps(doc))  # a private copy to close
-                close_objects(doc)  # arguments are closed, as OpenAI's strict tools
+                doc = closed_objects(doc)  # arguments are closed, as OpenAI's strict tools
             compile_json_schema(doc)
         except ChatkitError as exc:
             raise ToolDefinitionError(name, f"arguments cannot be enforced: {exc}") from exc

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 if len(sys.argv) != 3:
     sys.exit("usage: python convert.py MODEL.gguf OUT_DIR")
