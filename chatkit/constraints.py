@@ -36,7 +36,9 @@ from .schema import (
     Whitespace,
     compile_json_schema,
     grammar_problem,
+    json_grammar,
     load_schema,
+    matcher_problem,
     schema_refusal,
 )
 
@@ -112,11 +114,16 @@ class Constraint:
         ``SchemaUnsupported(keyword, path)``.
         """
         loaded = load_schema(schema)
-        # Bound at once: the matcher validates the grammar, so skip the separate pass.
-        grammar = compile_json_schema(loaded.doc, whitespace, digits, validate=model is None)
-        made = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
+        if model is None:
+            grammar = compile_json_schema(loaded.doc, whitespace, digits)
+            return cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
+                       stop_token=stop_token)
+        # Bound at once: the model's matcher validates the grammar (and its first mask shows
+        # an empty language), so skip the separate passes over a byte-level tokenizer.
+        compiled = json_grammar(loaded.doc, whitespace, digits)
+        made = cls("json_schema", compiled.grammar, source=loaded.doc, reader=loaded.reader(),
                    stop_token=stop_token)
-        return made.bind(model) if model is not None else made
+        return cls._bind(made, model, None, first_mask_now=compiled.may_be_empty)
 
     @classmethod
     def regex(cls, pattern: str, *, model: Vocabulary | None = None,
@@ -148,6 +155,13 @@ class Constraint:
         ``stop_token`` (default: the constructor's, else the model's end-of-turn
         id) is the only token allowed once the grammar completes.
         """
+        return self._bind(model, stop_token, first_mask_now=False)
+
+    def _bind(self, model: Vocabulary, stop_token: int | None, *,
+              first_mask_now: bool) -> Constraint:
+        """:meth:`bind`; ``first_mask_now``: compute the first mask at once, not in the
+        background, and refuse by name a grammar whose language is empty (a ``$ref`` cycle
+        without a base case errors there); the mask is kept for the first step."""
         stop = stop_token if stop_token is not None else self.stop_token_override
         stop = stop if stop is not None else model.eot_id
         if self.model is model and stop == self.stop_token:
@@ -160,9 +174,7 @@ class Constraint:
         tok = model.llg_tokenizer(stop)
         matcher = llguidance.LLMatcher(tok, self.grammar, log_level=0)
         if matcher.is_error():
-            if self.kind == "json_schema" and isinstance(self.source, dict | bool):
-                raise schema_refusal(self.source, matcher.get_error())
-            raise _refusal(self.kind, matcher.get_error())
+            raise self._matcher_refusal(matcher.get_error())
         self.model = model
         self.stop_token = stop
         self._initial = matcher
@@ -170,8 +182,26 @@ class Constraint:
         self._mask = llguidance.numpy.allocate_token_bitmask(1, model.n_vocab)
         self._static = model.grammar_token_words()
         self._spare_core = _spare_core(model)
-        self._schedule()
+        if first_mask_now:
+            self._first_mask()
+        else:
+            self._schedule()
         return self
+
+    def _first_mask(self) -> None:
+        """Compute the initial state's mask now and keep it for the first step (no prefetch)."""
+        self._forced = None
+        words = self._fill()
+        if words is None:
+            raise self._matcher_refusal(matcher_problem(str(self._matcher.get_error())))
+        assert self.model is not None
+        self._prepared = prepare_bitmask(words, self.model.n_vocab)
+        self._has_prepared = True
+
+    def _matcher_refusal(self, message: str) -> Exception:
+        if self.kind == "json_schema" and isinstance(self.source, dict | bool):
+            return schema_refusal(self.source, message)
+        return _refusal(self.kind, message)
 
     def clone(self) -> Constraint:
         """A fresh copy (initial state) bound to the same model; no recompilation."""
@@ -310,8 +340,18 @@ class Constraint:
 
 
 def _spare_core(model: Vocabulary) -> bool:
-    """Whether the machine has a core the engine's compute threads leave free (checked once
-    per binding: a protocol isinstance costs tens of microseconds)."""
+    """Whether the machine has a core the engine's compute threads leave free (cached on the
+    model when it can cache: a protocol isinstance costs tens of microseconds)."""
+    cache = getattr(model, "cache", None)
+    if not callable(cache):
+        return _has_spare_core(model)
+    return bool(cache(_SPARE_CORE_KEY, lambda: _has_spare_core(model)))
+
+
+_SPARE_CORE_KEY = ("constraint", "spare_core")
+
+
+def _has_spare_core(model: Vocabulary) -> bool:
     threads = model.n_threads if isinstance(model, StepEngine) else 0
     return (os.cpu_count() or 1) > threads
 

@@ -198,3 +198,59 @@ def test_json_constraint_reader_round_trip(smol: Model, schema: dict[str, Any]) 
                  max_tokens=32)
     assert c.reader is not None
     c.reader.read(g.text)
+
+
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+    "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"},
+                                       "maxItems": 2}}, "required": ["v"],
+    "additionalProperties": False}}, "$ref": "#/$defs/node"}
+
+
+def test_bound_ref_schemas_check_their_first_mask_not_a_byte_level_copy(
+        smol: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound to a model, a $ref schema is checked for an empty language on the model's own
+    matcher (its first mask, kept for the first step), not by compiling it again over a byte
+    tokenizer; a cycle without a base case is still refused by name."""
+    from chatkit import SchemaInvalid, schema
+
+    def no_byte_level_check(grammar: str) -> str | None:
+        raise AssertionError("the bound path compiled the grammar over the byte tokenizer")
+
+    monkeypatch.setattr(schema, "grammar_problem", no_byte_level_check)
+    schema._checked_keys.clear()
+    with pytest.raises(SchemaInvalid, match="admits no text") as info:
+        Constraint.json_schema(CYCLE, model=smol)
+    assert info.value.path == ""
+    c = Constraint.json_schema(TREE, model=smol)
+    assert c._has_prepared and c._pending is None  # the first step reuses the checked mask
+    text = '{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]}'
+    row = np.zeros(smol.n_vocab, dtype=np.float32)
+    c.process(row, [])
+    first = smol.tokenize(text, special=False)[0]
+    assert row[first] == 0 and np.isinf(row).any()
+    assert accepts(c, smol, text) and not accepts(c, smol, '{"v":1,"kids":[{}]}')
+    monkeypatch.undo()
+    with pytest.raises(SchemaInvalid, match="admits no text"):  # unbound: the byte-level check
+        Constraint.json_schema(CYCLE)
+
+
+def accepts(c: Constraint, model: Model, text: str) -> bool:
+    c.reset()
+    tokens = model.tokenize(text, special=False)
+    if c.valid_prefix_len(tokens) != len(tokens):
+        return False
+    for t in tokens:
+        c.commit(t)
+    return c.is_accepting()
+
+
+def test_spare_core_is_decided_once_per_model(smol: Model) -> None:
+    from types import SimpleNamespace
+
+    from chatkit import constraints
+
+    Constraint.regex("a", model=smol)
+    decided = smol.cache(constraints._SPARE_CORE_KEY, lambda: pytest.fail("not cached"))
+    assert decided == constraints._has_spare_core(smol)
+    assert constraints._spare_core(SimpleNamespace()) is True  # no cache(), no n_threads

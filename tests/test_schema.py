@@ -58,6 +58,7 @@ def test_malformed_json_is_schema_invalid(text: str) -> None:
         ({"type": "object", "properties": {"a": {"minLength": -1}}}, "/properties/a/minLength"),
         ([{"type": "string"}], ""),
         (42, ""),
+        ({"$schema": 5, "type": "string"}, "/$schema"),
     ],
 )
 def test_non_schema_is_schema_invalid(schema: Any, path: str) -> None:
@@ -196,3 +197,148 @@ def test_pydantic_objects_are_closed_unless_extra_allowed() -> None:
     # A plain dict schema is taken as written: JSON Schema allows extra keys by default.
     assert accepts(json_grammar({"type": "object", "properties": {"x": {"type": "integer"}}}),
                    '{"x":1,"y":2}')
+
+
+# ------------------------------------------------------- meta-schema fast check
+_META_BASES: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "^x+$", "minLength": 1},
+                                      "b": {"type": ["integer", "null"], "minimum": 0},
+                                      "c": {"enum": ["x", 1, None], "default": "x"},
+                                      "d": {"type": "array", "items": {"$ref": "#/$defs/n"},
+                                            "maxItems": 3, "uniqueItems": False}},
+     "required": ["a"], "additionalProperties": False,
+     "$defs": {"n": {"type": "number", "exclusiveMaximum": 5, "multipleOf": 0.5}}},
+    {"anyOf": [{"type": "string", "format": "date"}, {"const": [1, {"a": True}]}],
+     "definitions": {"x": {"allOf": [{"title": "t"}, {"description": "d"}]}}},
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+     "properties": {"n": {"type": "number", "minimum": 1, "exclusiveMinimum": True}},
+     "dependencies": {"n": ["m"]}, "required": ["n"]},
+    {"$schema": "http://json-schema.org/draft-06/schema#", "type": "array",
+     "items": [{"type": "string"}, {"type": "boolean"}], "additionalItems": False,
+     "contains": {"const": "x"}},
+]
+# Values that corrupt a schema in the ways the meta-schemas care about: wrong types, integers
+# written as floats, duplicates, bad regexes, negative counts, containers under uniqueItems.
+_JUNK: list[Any] = [-1, 1.5, 1.0, "(", None, True, {}, ["string", "string"], [1, 1.0], [1, True],
+                    [{"a": 1}, {"a": 1}], "strin", {"type": 5}, {"exclusiveMinimum": True},
+                    {"$ref": 1}]
+
+
+def _slots(node: Any) -> list[tuple[Any, Any]]:
+    """(container, key) of every value inside ``node``, depth first."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    out: list[tuple[Any, Any]] = []
+    for key, value in list(items):
+        out.append((node, key))
+        if isinstance(value, dict | list):
+            out += _slots(value)
+    return out
+
+
+def _corrupted() -> list[Any]:
+    """Every base schema with each of its values, one at a time, replaced by each junk value."""
+    out: list[Any] = []
+    for base in _META_BASES:
+        for node, key in _slots(base):
+            for junk in _JUNK:
+                saved = node[key]
+                node[key] = junk
+                out.append(json.loads(json.dumps(base)))
+                node[key] = saved
+    return out
+
+
+def _refusal_of(doc: Any) -> tuple[str, str] | None:
+    try:
+        load_schema(doc)
+    except SchemaInvalid as exc:
+        return str(exc), exc.path
+    return None
+
+
+def test_fast_meta_check_agrees_with_jsonschema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled meta-schema check never accepts what jsonschema refuses, so refusals keep
+    jsonschema's message and JSON pointer; a valid schema is accepted without jsonschema."""
+    import jsonschema
+
+    from chatkit import schema
+
+    docs = _corrupted()
+    assert len(docs) > 1000
+    accepted = 0
+    for doc in docs:
+        for cls in (jsonschema.Draft4Validator, jsonschema.Draft6Validator,
+                    jsonschema.Draft7Validator):
+            if schema._surely_valid(cls, doc):
+                accepted += 1
+                assert schema._meta_validator(cls).is_valid(doc), (cls.__name__, doc)
+    assert accepted > 500  # the fast path is taken, not just safe
+    for base in _META_BASES:
+        cls = jsonschema.validators.validator_for(base, default=jsonschema.Draft7Validator)
+        assert schema._surely_valid(cls, base)
+
+    schema._checked_keys.clear()
+    fast = [_refusal_of(doc) for doc in docs]
+    schema._checked_keys.clear()
+    monkeypatch.setattr(schema, "_surely_valid", lambda cls, doc: False)
+    assert fast == [_refusal_of(doc) for doc in docs]  # same acceptance, message and pointer
+    assert sum(r is not None for r in fast) > 100
+    schema._checked_keys.clear()
+
+
+# ------------------------------------------------------------- number bound
+PLAIN_NUMBERS = {
+    "type": "object",
+    "properties": {"a": {"type": "number", "description": "a"}, "b": {"type": "integer"},
+                   "c": {"type": ["number", "null"]},
+                   "d": {"type": "array", "items": {"type": "number"}},
+                   "e": {"type": "number", "minimum": 0}},
+    "required": ["a", "b"],
+}
+
+
+def test_plain_numbers_share_one_bounded_definition() -> None:
+    """Root documents: a number or integer with nothing but its type uses one bounded
+    definition per kind; the bound holds everywhere, and the reader sees the schema as written."""
+    g = json_grammar(PLAIN_NUMBERS)
+    assert "__chatkit_number" in g and "__chatkit_integer" in g
+    assert accepts(g, '{"a":999999999999999,"b":-999999999999999,"c":null,"d":[1.5,-2]}')
+    assert accepts(g, '{"a":999999999999999.5,"b":0,"c":0.000001}')  # 15 integer digits
+    assert accepts(g, '{"a":-1.25,"b":1,"e":999999999999999}')
+    for bad in ('{"a":1000000000000000,"b":0}', '{"a":0,"b":1000000000000000}',
+                '{"a":0,"b":0,"c":-1000000000000000}', '{"a":0,"b":0,"d":[1.1234567]}',
+                '{"a":0,"b":0,"e":1000000000000000}', '{"a":0,"b":1.5}', '{"a":0,"b":0,"c":"x"}'):
+        assert not accepts(g, bad), bad
+    c = Constraint.json_schema(PLAIN_NUMBERS)
+    assert c.source is not None and c.reader is not None
+    assert "$defs" not in c.source and c.reader.schema == PLAIN_NUMBERS
+    assert c.reader.read('{"a":1e300,"b":12345678901234567890}')["b"] == 12345678901234567890
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"type": "number"}, {"type": "string"}]},
+    {"allOf": [{"type": "object", "properties": {"a": {"type": "number"}}}, {"required": ["a"]}]},
+    {"type": "object", "properties": {"a": {"type": "number"}},
+     "$defs": {"__chatkit_number": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$id": "http://example.com/a", "type": "object",
+                                            "properties": {"n": {"type": "number"}}}}},
+])
+def test_numbers_are_bounded_in_place_where_sharing_is_unsafe(schema: dict[str, Any]) -> None:
+    """Under oneOf/allOf, with a nested base URI, or with the name taken: the bound is written
+    into each number instead, as before."""
+    g = json_grammar(schema)
+    assert '"$ref": "#/$defs/__chatkit_number"' not in g
+    assert "1e15" in g or "1000000000000000" in g
+
+
+def test_bound_numbers_copies_only_what_it_changes() -> None:
+    from chatkit.schema import bound_numbers
+
+    no_numbers = {"type": "object", "properties": {"s": {"type": "string"}}}
+    assert bound_numbers(no_numbers) is no_numbers
+    before = json.dumps(PLAIN_NUMBERS)
+    bounded = bound_numbers(PLAIN_NUMBERS)  # embedded use (tool arguments): no $ref added
+    assert json.dumps(PLAIN_NUMBERS) == before and "$defs" not in bounded
+    assert bounded["properties"]["a"]["exclusiveMaximum"] == 1e15
+    assert bounded["properties"]["b"]["maximum"] == 999999999999999
+    assert bound_numbers(PLAIN_NUMBERS, None) is PLAIN_NUMBERS
