@@ -11,7 +11,7 @@ each step in a worker thread.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -116,6 +116,9 @@ class Decoder:
         self._pending: int | None = None  # sampled, not yet evaluated
         self._evaluated = 0  # reply tokens in the KV cache
         self._held = len(self.prompt)  # prompt tokens in the KV cache (less mid-prefill)
+        self.on_first: Callable[[Logits], None] | None = None
+        """Sees the first row before its token is sampled (and may change the sampler's
+        processor: ``tool_choice="auto"`` decided by threshold)."""
         self.drafted = 0  # speculative draft tokens verified
         self.accepted = 0  # ... and accepted
         self._t0 = 0.0
@@ -155,6 +158,8 @@ class Decoder:
     def first(self, row: Logits) -> int | None:
         """Sample the first token from the prompt's last logits row."""
         self._held = len(self.prompt)
+        if self.on_first is not None:
+            self.on_first(row)
         tok = self._take(row)
         self._first = time.perf_counter() - self._t0
         return tok

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .constraints import Constraint
 from .decoding import Decoder, decide_finish
@@ -47,9 +48,16 @@ from .messages import Message, Reply, ToolCall, Usage
 from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
 from .schema import LoadedSchema, SchemaInput, bound_numbers, json_options, load_schema
 from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
-from .templates import ChatTemplate, Segment, fold_system, tokenize_segments
+from .templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
 from .tools.definition import Tool, check_tools
-from .tools.grammar import CALL_BLOCK, CALL_CLOSE, CALL_OPEN, parse_calls, tool_grammar
+from .tools.grammar import (
+    CALL_BLOCK,
+    CALL_CLOSE,
+    CALL_OPEN,
+    opening_tokens,
+    parse_calls,
+    tool_grammar,
+)
 
 __all__ = ["TurnOptions"]
 
@@ -57,6 +65,9 @@ _log = logging.getLogger("chatkit")
 
 NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
 SPEC_K = 4  # draft tokens per verify: 5-row batches stay in the bitwise-equal regime
+
+AUTO_CALL_THRESHOLD = 0.004
+"""``tool_call_threshold``'s default under a bundled tool template (see ``bench bfcl``)."""
 
 SchemaArg = SchemaInput | Constraint | None
 """What ``schema=`` takes: a Pydantic class, a JSON-schema dict/text/bool, or a JSON
@@ -89,6 +100,12 @@ class TurnOptions(TypedDict, total=False):
     """``auto`` | ``required`` | ``none`` | a tool's name."""
     parallel_tool_calls: bool | int
     """Allow more than one call in a reply (an int: at most that many)."""
+    tool_call_threshold: float | None
+    """``tool_choice="auto"``, local engines: the reply opens a call when the model puts at
+    least this probability on the call opening at its first token, else it answers in text
+    (decided, not sampled). Default ``AUTO_CALL_THRESHOLD`` under chatkit's bundled Hermes
+    template (a model without a tool format of its own) for a reply to the user, None under
+    the model's own template and after tool results: its sampling decides, as written."""
     speculative: bool
     """Grammar-drafted speculative decoding (same output, fewer forward passes)."""
 
@@ -150,6 +167,33 @@ class TurnPlan:
     """The token that ends the turn (the grammar's stop token)."""
     messages: list[Message] = field(default_factory=list)
     """The messages the prompt renders (for engines that render their own template)."""
+    auto_call: AutoCall | None = None
+    """``tool_choice="auto"`` decided at the first token (``tool_call_threshold``)."""
+
+
+@dataclass
+class AutoCall:
+    """``tool_choice="auto"`` as a decision at the reply's first token: a call when the
+    model's probability of the call opening reaches ``threshold``, else text; the rest of
+    the reply is then under the ``required`` or the ``none`` grammar."""
+
+    threshold: float
+    opening: NDArray[np.intp]
+    call: Constraint
+    text: Constraint
+    p_call: float | None = None
+    """The probability measured (None until the first token)."""
+
+    def decide(self, row: Logits) -> Constraint:
+        z = row.astype(np.float64)
+        z -= z.max()
+        np.exp(z, out=z)
+        self.p_call = float(z[self.opening].sum() / z.sum())
+        chosen = self.call if self.p_call >= self.threshold else self.text
+        _log.info("tool_choice='auto': P(call opening) %.4f %s threshold %g: %s", self.p_call,
+                  ">=" if chosen is self.call else "<", self.threshold,
+                  "a call" if chosen is self.call else "text")
+        return chosen
 
 
 def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
@@ -203,6 +247,9 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     if tools:
         plan.constraint = _tools_constraint(engine, tools, loaded, schema, options,
                                             stop_token)
+        after_tools = user is None and bool(ctx.history) and ctx.history[-1].role == "tool"
+        plan.auto_call = _auto_call(engine, template, tools, loaded, schema, options,
+                                    stop_token, after_tools=after_tools)
     elif isinstance(schema, Constraint):
         if schema.kind != "json_schema":
             raise InvalidParameter("schema", "a Constraint given as schema= must be JSON")
@@ -338,6 +385,45 @@ def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchem
     return _compiled(engine, ("tools", lark, cls, stop_token), build, "tool grammar").clone()
 
 
+def _auto_call(engine: Vocabulary, template: ChatTemplate, tools: list[Tool],
+               loaded: LoadedSchema | None, schema: SchemaArg, options: TurnOptions,
+               stop_token: int, *, after_tools: bool) -> AutoCall | None:
+    """``tool_call_threshold`` checked, defaulted and, for ``auto`` on a local engine, the
+    decision's two grammars built (from the engine's cache).
+
+    The default applies to a reply to the user, not to the reply after tool results: it is
+    calibrated on requests (BFCL), and after a call in context a small model copies the
+    pattern (its call probability rises past any useful threshold), so an agent loop would
+    call until ``max_steps``; there the model's own sampling decides."""
+    choice = options.get("tool_choice", "auto")
+    given = "tool_call_threshold" in options
+    threshold = options.get("tool_call_threshold")
+    if threshold is not None:
+        if (isinstance(threshold, bool) or not isinstance(threshold, int | float)
+                or not 0.0 <= threshold <= 1.0):
+            raise InvalidParameter("tool_call_threshold",
+                                   f"must be a probability in [0, 1] or None, got {threshold!r}")
+        if choice != "auto":
+            raise InvalidParameter("tool_call_threshold",
+                                   f"decides tool_choice='auto' only, not {choice!r}")
+        if isinstance(engine, GenerateEngine):
+            raise InvalidParameter("tool_call_threshold", "a remote engine samples the first "
+                                   "token itself; it applies to local engines only")
+    if not given:
+        threshold = (AUTO_CALL_THRESHOLD if template.name in BUNDLED and not after_tools
+                     and not isinstance(engine, GenerateEngine) else None)
+    if threshold is None or choice != "auto":
+        return None
+    _log.debug("tool_choice='auto' under the %s template: decided at the first token, a call "
+              "from P(call opening) >= %g", template.name, threshold)
+    return AutoCall(
+        float(threshold), opening_tokens(engine),
+        call=_tools_constraint(engine, tools, loaded, schema,
+                               {**options, "tool_choice": "required"}, stop_token),
+        text=_tools_constraint(engine, tools, loaded, schema,
+                               {**options, "tool_choice": "none"}, stop_token))
+
+
 def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int, *,
                        think_budget: int | None) -> Constraint:
     """The schema's grammar (or, with a think budget, think text then the schema), compiled
@@ -470,7 +556,22 @@ class Turn:
         self._dec = Decoder(self.local, plan.prompt, plan.sampler,
                             max_tokens=plan.max_tokens, stop_ids=plan.stop_ids,
                             seq_id=self.seq, reuse=reuse)
+        if plan.auto_call is not None:
+            self._dec.on_first = self._decide_call
         return self._dec
+
+    def _decide_call(self, row: Logits) -> None:
+        """``tool_choice="auto"`` with a threshold: the first row decides call or text, and
+        that grammar governs the rest of the reply."""
+        plan = self.plan
+        assert plan.auto_call is not None
+        chosen = plan.auto_call.decide(row)
+        chosen.reset()
+        plan.constraint = chosen
+        plan.processor = chosen
+        plan.sampler.processor = chosen
+        if isinstance(plan.speculative, ConstrainedSource):
+            plan.speculative.processor = chosen
 
     def start(self) -> str:
         """Open (if not yet), prefill, and sample the first token; the first text delta."""

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import llguidance
+import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
 from chatkit import (
     Constraint,
     Conversation,
+    InvalidParameter,
     MaxStepsExceeded,
     Model,
     ModelRetry,
@@ -24,7 +26,8 @@ from chatkit import (
     execute_calls,
     tool,
 )
-from chatkit.tools.grammar import parse_calls, tool_grammar
+from chatkit.tools.grammar import opening_tokens, parse_calls, tool_grammar
+from chatkit.turn import AutoCall
 
 BYTE = llguidance.LLTokenizer("byte")
 
@@ -188,8 +191,89 @@ def test_tool_choice_values_on_the_model(smol: Model) -> None:
     assert len(single.tool_calls) == 1
     none = Conversation(smol).send(prompt, tools=TOOLS, tool_choice="none", max_tokens=30)
     assert none.tool_calls == [] and "<tool_call>" not in none.text
-    auto = Conversation(smol).send(prompt, tools=TOOLS, tool_choice="auto", max_tokens=30)
-    assert auto.finish_reason in {"tool_calls", "stop", "length"}
+    auto = Conversation(smol).send(prompt, tools=TOOLS, tool_choice="auto", max_tokens=120)
+    assert auto.tool_calls and auto.finish_reason == "tool_calls"  # decided by threshold
+
+
+# ------------------------------------------------ auto, decided at the first token
+# P(call opening) at the first token, SmolLM2: 0.038, 0.0099, 0.029 / 0.0004, 0.0004, 0.0014
+# (a 135M model separates relevant from irrelevant prompts only roughly: "Thank you!" gets
+# 0.023; bench bfcl has the rates).
+RELEVANT = ["What's the weather in Paris?", "Is it raining in Oslo right now?", "Add 2 and 3."]
+IRRELEVANT = ["Tell me a joke.", "Who wrote Hamlet?", "Translate good morning to Spanish."]
+
+
+def test_auto_calls_a_tool_when_the_prompt_wants_one(smol: Model) -> None:
+    """SmolLM2 has no tool template (chatkit's bundled Hermes one): ``auto`` is decided at
+    the first token by ``tool_call_threshold``. Sampled as-is (the old behaviour, below) it
+    never opened a call."""
+    replies = [Conversation(smol).send(p, tools=TOOLS, max_tokens=120) for p in RELEVANT]
+    assert all(r.tool_calls and r.finish_reason == "tool_calls" for r in replies), \
+        [r.text for r in replies]
+
+
+def test_auto_answers_in_text_when_no_tool_fits(smol: Model) -> None:
+    replies = [Conversation(smol).send(p, tools=TOOLS, max_tokens=20) for p in IRRELEVANT]
+    assert all(not r.tool_calls and "<tool_call>" not in r.text and r.text
+               for r in replies), [r.text for r in replies]
+
+
+def test_auto_sampled_as_is_without_a_threshold(smol: Model) -> None:
+    """``tool_call_threshold=None``: the model's own first token decides (SmolLM2 never
+    opens a call that way: why the default threshold exists)."""
+    replies = [Conversation(smol).send(p, tools=TOOLS, tool_call_threshold=None, max_tokens=20)
+               for p in RELEVANT]
+    assert not any(r.tool_calls for r in replies)
+
+
+def test_auto_threshold_extremes_and_speculation(smol: Model) -> None:
+    prompt = "Tell me a joke."
+    forced = Conversation(smol).send(prompt, tools=TOOLS, tool_call_threshold=0.0,
+                                     max_tokens=120)
+    assert forced.tool_calls
+    plain = Conversation(smol).send(RELEVANT[0], tools=TOOLS, max_tokens=120)
+    spec = Conversation(smol).send(RELEVANT[0], tools=TOOLS, max_tokens=120, speculative=True)
+    assert spec.text == plain.text and spec.tool_calls[0].arguments == \
+        plain.tool_calls[0].arguments
+
+
+def test_auto_after_tool_results_is_the_models_own(smol: Model) -> None:
+    """The default threshold decides replies to the user; after tool results the model's
+    sampling does (else an agent loop on a small model calls until max_steps)."""
+    conv = Conversation(smol)
+    reply = conv.send(RELEVANT[0], tools=TOOLS, max_tokens=120)
+    for call in reply.tool_calls:
+        conv.add_tool_result(call, "Sunny, 22 C.")
+    assert conv.plan(None, tools=TOOLS).plan.auto_call is None
+    assert conv.plan(None, tools=TOOLS, tool_call_threshold=0.5).plan.auto_call is not None
+    assert conv.plan("And in Rome?", tools=TOOLS).plan.auto_call is not None
+
+
+@pytest.mark.parametrize("value, choice", [(1.5, "auto"), (-0.1, "auto"), ("0.1", "auto"),
+                                           (True, "auto"), (0.01, "required"),
+                                           (0.01, "none")])
+def test_auto_threshold_refusals(smol: Model, value: Any, choice: str) -> None:
+    with pytest.raises(InvalidParameter, match="tool_call_threshold"):
+        Conversation(smol).send("hi", tools=TOOLS, tool_choice=choice,
+                                tool_call_threshold=value, max_tokens=5)
+
+
+def test_auto_decision_rule() -> None:
+    """The decision: call when the opening's probability reaches the threshold (a fake row,
+    no model)."""
+    call, text = object(), object()
+    auto = AutoCall(0.25, np.array([3]), call=cast(Any, call), text=cast(Any, text))
+    row = np.zeros(4, dtype=np.float32)  # uniform: P(token 3) = 0.25
+    assert auto.decide(row) is call and abs((auto.p_call or 0) - 0.25) < 1e-6
+    row[3] = -1.0
+    assert auto.decide(row) is text
+
+
+def test_opening_tokens_spell_the_call_opening(smol: Model) -> None:
+    ids = opening_tokens(smol)
+    spelled = {smol.token_bytes(int(t)) for t in ids}
+    assert b"<" in spelled and all(b"<tool_call>".startswith(b) or b.startswith(b"<tool_call>")
+                                   for b in spelled)
 
 
 def test_pydantic_model_tool_extracts(smol: Model) -> None:

@@ -21,6 +21,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from ..engine import Vocabulary
 from ..errors import InvalidParameter, ToolArgumentsInvalid
 from ..messages import ToolCall
 from ..schema import bound_numbers, json_options
@@ -91,6 +95,20 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
     else:
         lines.append(_PLAIN)
     return "\n".join(lines) + "\n"
+
+
+def opening_tokens(engine: Vocabulary) -> NDArray[np.intp]:
+    """The tokens a reply can begin a ``<tool_call>`` with: those spelling a non-empty prefix
+    of it, or it whole (and more). Computed once per engine."""
+    opening = CALL_OPEN.encode()
+
+    def build() -> NDArray[np.intp]:
+        ids = [t for t in range(engine.n_vocab)
+               if not engine.is_control(t) and (b := engine.token_bytes(t))
+               and (opening.startswith(b) or b.startswith(opening))]
+        return np.array(ids, dtype=np.intp)
+
+    return engine.cache(("call_opening",), build)
 
 
 def parse_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]]:
