@@ -1,12 +1,34 @@
-"""Cold start in a new process: model load plus the first token, chatkit (constrained) vs
-llama-cpp-python (unconstrained, its high-level API), on both models.
+"""Cold start in a new process: imports, model load and the first token, chatkit (constrained)
+vs llama-cpp-python (unconstrained, its high-level API), on both models.
 
 chatkit's first constrained token needs llguidance's tokenizer over the vocabulary: the
-vocabulary table is cached on disk per model file (``~/.cache/chatkit``), the tokenizer's
-own trie is rebuilt per process. Rows: chatkit with an empty cache, with the cache, and
-llama-cpp-python. Median of the repetitions, each a fresh process.
+vocabulary table is cached on disk per model file (``~/.cache/chatkit``; here a temporary
+``CHATKIT_CACHE_DIR``), the tokenizer itself is rebuilt per process (alongside the weights
+when the cache is there). Columns:
 
-    python3 dev.py bench coldstart [--reps 3]
+- llama-cpp-python, same prompt: ``Llama(...)`` then ``create_completion(ids, max_tokens=1)``
+  where ``ids`` are the token ids chatkit's turn evaluates (its chat template around the
+  question), read once per model by an untimed probe process. Same ``n_ctx`` (512),
+  ``n_batch`` (512) and threads (every core: chatkit's default; llama-cpp-python's own
+  default is half of them) as chatkit. This is the comparison the ratio uses.
+- llama-cpp-python, raw prompt: the same but the bare question (4-5 tokens, no template),
+  as this bench measured before; for reference only.
+- chatkit, empty cache: the first process ever to load the model file.
+- chatkit, cached: every later process. The ratio is this over the same-prompt peer.
+- ``--baseline DIR``: another chatkit tree (e.g. a copy from before a change), cached.
+
+Both sides run with ``GOMP_SPINCOUNT=1000``: chatkit sets it (model.py, "Threads" in the
+README) and llama-cpp-python would otherwise spin 300,000 times at each OpenMP barrier,
+which under load costs it seconds. Both import from compiled bytecode, as installed packages
+do: ``PYTHONPYCACHEPREFIX`` points at a temporary directory (nothing is written into the
+tree) and an untimed run of each side fills it; without it a checkout under
+``PYTHONDONTWRITEBYTECODE=1`` compiles chatkit's sources in every process (~50 ms) while
+llama-cpp-python's come precompiled. Every figure is a new process; within a repetition the
+columns run in an order that rotates between repetitions (so load from other processes
+spreads over all of them); medians. The machine's load average is printed before and after:
+the overlap of the tokenizer build with the load needs a free core to pay off.
+
+    python3 dev.py bench coldstart [--reps 5] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -25,62 +47,128 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CHATKIT = r"""
+QUESTION = "Is it sunny?"
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+N_CTX = 512
+
+CHATKIT = rf"""
 import json, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
 from chatkit import Conversation, Model
-model = Model.load(sys.argv[2] or None, n_ctx=512, n_seq_max=1)
+model = Model.load(sys.argv[2] or None, n_ctx={N_CTX}, n_seq_max=1)
 t1 = time.perf_counter()
-schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-          "additionalProperties": False}
-reply = Conversation(model).send("Is it sunny?", schema=schema, max_tokens=16)
-print(json.dumps({"load": t1 - t0, "first": reply.usage.prompt_seconds,
+reply = Conversation(model).send({QUESTION!r}, schema={SCHEMA!r}, max_tokens=16)
+print(json.dumps({{"load": t1 - t0, "first": reply.usage.prompt_seconds,
                   "to_first": (t1 - t0) + (time.perf_counter() - t1 - reply.usage.total_seconds
-                                            + reply.usage.prompt_seconds)}))
+                                            + reply.usage.prompt_seconds)}}))
 """
 
-PEER = r"""
-import json, sys, time
+PROBE = rf"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from chatkit import Conversation, Model
+seen = []
+decode = Model.decode
+def recording(self, chunks):
+    for chunk in chunks:
+        seen.extend(chunk.tokens)
+    return decode(self, chunks)
+Model.decode = recording
+model = Model.load(sys.argv[2] or None, n_ctx={N_CTX}, n_seq_max=1)
+reply = Conversation(model).send({QUESTION!r}, schema={SCHEMA!r}, max_tokens=16)
+n = reply.usage.prompt_tokens
+assert len(seen) >= n, (len(seen), n)
+print(json.dumps(seen[:n]))
+"""
+
+PEER = rf"""
+import json, os, sys, time
 t0 = time.perf_counter()
 from llama_cpp import Llama
-llm = Llama(model_path=sys.argv[2], n_ctx=512, verbose=False)
+n = os.cpu_count() or 1
+llm = Llama(model_path=sys.argv[2], n_ctx={N_CTX}, n_batch=512, n_threads=n, n_threads_batch=n,
+            verbose=False)
 t1 = time.perf_counter()
-llm.create_completion("Is it sunny?", max_tokens=1)
-print(json.dumps({"load": t1 - t0, "to_first": time.perf_counter() - t0}))
+prompt = json.loads(sys.argv[3]) if sys.argv[3] else {QUESTION!r}
+llm.create_completion(prompt, max_tokens=1)
+print(json.dumps({{"load": t1 - t0, "to_first": time.perf_counter() - t0}}))
 """
 
 
-def run(code: str, model: str, env: dict[str, str]) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT), model], env=env,
-                         capture_output=True, text=True, check=True, timeout=600)
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+def run(code: str, root: Path, model: str, env: dict[str, str], *extra: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code, str(root), model, *extra], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        sys.exit(f"a bench process failed:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, help="another chatkit tree to time (cached)")
     args = ap.parse_args()
     from chatkit.model import default_model_path
     from tests.conftest import gemma_path
 
-    print(f"{date.today()}, {os.cpu_count()} cores; new process each; seconds to the first "
-          f"token incl. imports and model load, median of {args.reps}")
-    print("| model | llama-cpp-python (load + 1 token) | chatkit, empty cache | chatkit, cached "
-          "vocabulary | cached / llama-cpp-python |")
-    print("|---|---|---|---|---|")
+    pycache = tempfile.mkdtemp(prefix="chatkit-pycache-")
+    base = {**os.environ, "GOMP_SPINCOUNT": "1000", "PYTHONPYCACHEPREFIX": pycache}
+    base.pop("PYTHONDONTWRITEBYTECODE", None)
+    print(f"{date.today()}, {os.cpu_count()} cores, load average {load_average()}; new process "
+          f"each; seconds to the first token incl. imports and model load, median of {args.reps}")
+    head = ["model (prompt tokens)", "llama-cpp-python, same prompt", "llama-cpp-python, raw "
+            "prompt", "chatkit, empty cache", "chatkit, cached"]
+    if args.baseline:
+        head.append(f"chatkit @ {args.baseline}, cached")
+    head.append("cached / same-prompt peer")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     for path in (default_model_path(), gemma_path()):
-        cache = tempfile.mkdtemp(prefix="chatkit-cache-")
-        env = {**os.environ, "CHATKIT_CACHE_DIR": cache}
-        cold, warm, peer = [], [], []
-        for _ in range(args.reps):
-            shutil.rmtree(cache, ignore_errors=True)
-            cold.append(run(CHATKIT, str(path), env)["to_first"])
-            warm.append(run(CHATKIT, str(path), env)["to_first"])
-            peer.append(run(PEER, str(path), env)["to_first"])
-        shutil.rmtree(cache, ignore_errors=True)
-        c, w, p = (statistics.median(x) for x in (cold, warm, peer))
-        print(f"| {path.name} | {p:.2f} | {c:.2f} | {w:.2f} | {w / p:.2f}x |")
+        warm_dir = tempfile.mkdtemp(prefix="chatkit-cache-")
+        warm = {**base, "CHATKIT_CACHE_DIR": warm_dir}
+        # Untimed: the probe also fills the vocabulary cache the cached columns use, and
+        # every side's first run compiles its bytecode and reads the model file into the
+        # page cache.
+        ids = run(PROBE, ROOT, str(path), warm)
+        run(PEER, ROOT, str(path), warm, ids)
+        if args.baseline:
+            run(CHATKIT, args.baseline, str(path), warm)  # its own cache file, if it differs
+        # column: (child code, chatkit tree, extra argument, cache: "warm" or "empty")
+        columns = {"peer": (PEER, ROOT, ids, "warm"), "raw": (PEER, ROOT, "", "warm"),
+                   "empty": (CHATKIT, ROOT, "", "empty"), "cached": (CHATKIT, ROOT, "", "warm")}
+        if args.baseline:
+            columns["baseline"] = (CHATKIT, args.baseline, "", "warm")
+        times: dict[str, list[float]] = {k: [] for k in columns}
+        names = list(columns)
+        for rep in range(args.reps):
+            for name in names[rep % len(names):] + names[: rep % len(names)]:
+                code, root, extra, cache = columns[name]
+                env = warm
+                if cache == "empty":
+                    env = {**base, "CHATKIT_CACHE_DIR": tempfile.mkdtemp(prefix="chatkit-cache-")}
+                try:
+                    out = run(code, root, str(path), env, *([extra] if code is PEER else []))
+                finally:
+                    if cache == "empty":
+                        shutil.rmtree(env["CHATKIT_CACHE_DIR"], ignore_errors=True)
+                times[name].append(float(json.loads(out)["to_first"]))
+        shutil.rmtree(warm_dir, ignore_errors=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        cells = [f"{path.name} ({len(json.loads(ids))})"]
+        cells += [f"{med[k]:.2f}" for k in names]
+        cells.append(f"{med['cached'] / med['peer']:.2f}x")
+        print("| " + " | ".join(cells) + " |", flush=True)
+    shutil.rmtree(pycache, ignore_errors=True)
+    print(f"load average after: {load_average()}")
 
 
 if __name__ == "__main__":

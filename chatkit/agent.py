@@ -20,10 +20,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-import anyio.to_thread
-from pydantic import BaseModel
-
 from .concurrency import run_coroutine_sync
 from .errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError
 from .messages import Reply, ToolCall
@@ -90,6 +86,8 @@ def agent_steps(text: str, *, max_steps: int, schema: SchemaArg,
 def _render(value: Any) -> str:
     if isinstance(value, str):
         return value
+    from pydantic import BaseModel  # here: a process without tools never imports pydantic
+
     if isinstance(value, BaseModel):
         return value.model_dump_json()
     return json.dumps(value, ensure_ascii=False, default=str)
@@ -97,6 +95,9 @@ def _render(value: Any) -> str:
 
 async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> list[ToolResult]:
     """Run the calls concurrently; every call yields a result (errors included)."""
+    import anyio  # here: a process without tools never imports anyio
+    import anyio.to_thread
+
     by_name = {t.name: t for t in tools}
     results: list[ToolResult | None] = [None] * len(calls)
 

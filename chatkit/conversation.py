@@ -15,10 +15,10 @@ import json
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, Literal, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
 
-import anyio
-from pydantic import BaseModel
+if TYPE_CHECKING:  # pydantic (~90 ms) and anyio are imported where they are used
+    from pydantic import BaseModel
 
 from .agent import ToolResult, arun_agent, run_agent
 from .concurrency import run_blocking
@@ -46,7 +46,7 @@ __all__ = ["AsyncReplyStream", "Conversation", "ReplyStream"]
 
 _log = logging.getLogger("chatkit")
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 T = TypeVar("T")
 OtherSchema = dict[str, Any] | str | bool | Constraint
 """Schemas whose parsed value is plain JSON data (``Reply[Any]``)."""
@@ -404,6 +404,8 @@ class AsyncReplyStream(Generic[T]):
         return self._deltas()
 
     async def _deltas(self) -> AsyncIterator[str]:
+        import anyio
+
         conv, (text, schema, options) = self._conv, self._args
         model = conv.model
         turn = await run_blocking(model, lambda: conv.plan(text, schema, **options))

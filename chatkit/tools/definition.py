@@ -13,9 +13,10 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+if TYPE_CHECKING:  # pydantic (~90 ms) is imported where tools are made or validated
+    from pydantic import BaseModel
 
 from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
 from ..schema import SchemaReader, closed_objects, compile_json_schema, load_schema
@@ -102,6 +103,8 @@ class Tool:
             except SchemaViolation as exc:
                 raise ToolArgumentsInvalid(self.name, arguments, exc.errors) from exc
         assert self.args_model is not None
+        from pydantic import ValidationError
+
         try:
             return self.args_model.model_validate(arguments)
         except ValidationError as exc:
@@ -140,6 +143,8 @@ def tool(
     """
 
     def make(obj: Any) -> Tool:
+        from pydantic import BaseModel
+
         if isinstance(obj, Tool):
             return obj
         if isinstance(obj, type) and issubclass(obj, BaseModel):
@@ -162,6 +167,8 @@ def _from_model(cls: type[BaseModel], name: str | None, description: str | None,
 
 def _from_function(fn: Callable[..., Any], name: str | None, description: str | None,
                    timeout: float | None) -> Tool:
+    from pydantic import ConfigDict, Field, create_model
+
     tool_name = name or fn.__name__
     doc = inspect.getdoc(fn) or ""
     param_docs = _param_docs(doc)

@@ -1,0 +1,237 @@
+"""Cold start: llguidance's tokenizer built alongside the model load, and lazy imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import llguidance
+import llguidance.numpy
+import numpy as np
+import pytest
+
+import chatkit.model as cm
+from chatkit import Conversation, Model, ModelLoadError
+from chatkit.model import default_model_path
+
+from .conftest import ROOT, gemma_path
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+REPLY = '{"name": "Grüße, 世界 🦙 naïve <|im_end|>", "age": 57, "tags": [" a", "b\\n", ""]}'
+TEXTS = ["a", " a", "", "hello world", "  two  spaces", "\n\n\t", "Grüße, 世界! 🦙 naïve café",
+         "<|im_end|> <end_of_turn> <eos>", '{"x": [1, 2.5e-3, null]}', "ab" * 300]
+
+
+def _worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "chatkit-llg-tokenizer"]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty vocabulary cache for this test."""
+    monkeypatch.setenv("CHATKIT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _warm(path: Path | None) -> None:
+    """Load once the way a first process does: no cache yet, the table is written."""
+    model = Model.load(path, n_ctx=256, n_seq_max=1)
+    try:
+        assert ("llg_tokenizer", model.eot_id) not in model._cache
+        model.llg_tokenizer(model.eot_id)  # reads the vocabulary, writes the cache
+    finally:
+        model.close()
+
+
+@pytest.fixture(params=["smol", pytest.param("gemma", marks=pytest.mark.gemma)])
+def warm_path(request: pytest.FixtureRequest, cache: Path) -> Iterator[Path]:
+    path = default_model_path() if request.param == "smol" else gemma_path()
+    _warm(path)
+    yield path
+
+
+def test_slices_are_llguidance_json_string_slices() -> None:
+    assert cm.LLG_SLICES == llguidance.LLTokenizer.general_slices()[2:]
+    assert cm.LLG_SLICES == llguidance.LLTokenizer.json_slices()[2:]
+
+
+def test_cache_records_what_the_build_needs(warm_path: Path) -> None:
+    cached = cm._vocab_cache_load(warm_path)
+    assert cached is not None
+    model = Model.load_vocab(warm_path)
+    try:
+        assert len(cached.pieces) == model.n_vocab and cached.eot_id == model.eot_id
+        assert cached.plain_tokenize  # both bench models take the overlapped path
+    finally:
+        model.close()
+
+
+def test_the_tokenizer_built_during_load_is_the_one_turns_use(cache: Path) -> None:
+    _warm(None)
+    model = Model.load(n_ctx=512, n_seq_max=1)
+    try:
+        assert not _worker_threads()
+        prebuilt = model._cache.get(("llg_tokenizer", model.eot_id))
+        assert prebuilt is not None, "no tokenizer was built alongside the load"
+        assert model.llg_tokenizer(model.eot_id) is prebuilt
+        assert prebuilt.eos_token == model.eot_id and prebuilt.vocab_size == model.n_vocab
+        seen: list[Any] = []
+        build = model.llg_tokenizer
+
+        def spy(stop: int) -> Any:
+            seen.append(made := build(stop))
+            return made
+
+        model.llg_tokenizer = spy  # type: ignore[method-assign]
+        reply = Conversation(model).send("Is it sunny?", max_tokens=16, schema={
+            "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+            "additionalProperties": False})
+        assert isinstance(reply.parsed, dict) and isinstance(reply.parsed["ok"], bool)
+        assert seen and all(t is prebuilt for t in seen)
+    finally:
+        model.close()
+
+
+def _masks(tok: Any, grammar: str, ids: list[int], n_vocab: int) -> list[bytes]:
+    matcher = llguidance.LLMatcher(tok, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    out = []
+    mask = llguidance.numpy.allocate_token_bitmask(1, n_vocab)
+    for t in [*ids, None]:
+        llguidance.numpy.fill_next_token_bitmask(matcher, mask, 0)
+        out.append(mask.tobytes() + repr(matcher.compute_ff_tokens()).encode())
+        if t is None:
+            break
+        assert matcher.consume_token(t), (t, matcher.get_error())
+    return out
+
+
+def test_prebuilt_and_serial_tokenizers_agree(warm_path: Path) -> None:
+    """The build from the cache (llama.cpp's tokenizer behind a Python callback) and the
+    serial one (llguidance's from_llamacpp) give the same tokens and the same masks."""
+    model = Model.load(warm_path, n_ctx=512, n_seq_max=1)
+    try:
+        key = ("llg_tokenizer", model.eot_id)
+        prebuilt = model._cache.pop(key)
+        serial = model.llg_tokenizer(model.eot_id)
+        assert serial is not prebuilt
+        for text in TEXTS:
+            assert prebuilt.tokenize_str(text) == serial.tokenize_str(text), text
+        for raw in (b"\xff\xfe", "é".encode()[:1] + b"a", b"a\x00b"):
+            assert prebuilt.tokenize_bytes(raw) == serial.tokenize_bytes(raw), raw
+        assert prebuilt.is_special_token(model.eot_id) and serial.is_special_token(model.eot_id)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA)
+        ids = [*model.tokenize(REPLY, special=False), model.eot_id]
+        assert (_masks(prebuilt, grammar, ids, model.n_vocab)
+                == _masks(serial, grammar, ids, model.n_vocab))
+    finally:
+        model.close()
+
+
+def _truncated_with_cache(tmp_path: Path) -> Path:
+    """A GGUF llama.cpp cannot load whose vocabulary cache exists (the overlap starts)."""
+    path = tmp_path / "half.gguf"
+    with default_model_path().open("rb") as fh:
+        path.write_bytes(fh.read(3_000_000))
+    donor = Model.load_vocab(None)
+    try:
+        pieces, attrs = donor._vocab_table()
+        cm._vocab_cache_write(path, pieces, attrs, eot_id=donor.eot_id, plain_tokenize=True)
+    finally:
+        donor.close()
+    return path
+
+
+def test_load_failure_keeps_llama_cpp_message(tmp_path: Path, cache: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _truncated_with_cache(tmp_path)
+    with pytest.raises(ModelLoadError) as serial:
+        Model.load(path, progress=lambda fraction: None)  # a progress callback: no overlap
+    overlapped: list[Path] = []
+    real = cm._TokenizerPrebuild.load_alongside
+
+    def spy(self: Any, *args: Any) -> Any:
+        overlapped.append(args[0])
+        return real(self, *args)
+
+    monkeypatch.setattr(cm._TokenizerPrebuild, "load_alongside", spy)
+    with pytest.raises(ModelLoadError) as info:
+        Model.load(path)
+    assert overlapped == [path]
+    assert info.value.path == str(path)
+    assert str(info.value) == str(serial.value)
+    assert "could not load the model" not in str(info.value)  # llama.cpp's own line
+    assert not _worker_threads() and cm._quiet_depth == 0
+
+
+def test_log_sink_restored_after_the_overlapped_window(cache: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    _warm(None)
+    model = Model.load(n_ctx=256, n_seq_max=1)
+    try:
+        assert ("llg_tokenizer", model.eot_id) in model._cache
+    finally:
+        model.close()
+    assert cm._quiet_depth == 0
+    with caplog.at_level("DEBUG", logger="chatkit.llama_cpp"):
+        Model.load_vocab(None).close()
+    assert any(r.name == "chatkit.llama_cpp" for r in caplog.records)
+
+
+def test_interrupt_during_load_frees_everything(cache: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    _warm(None)
+    freed: list[Any] = []
+    real_free = llama_cpp.llama_model_free
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    def free(model: Any) -> None:
+        freed.append(model)
+        real_free(model)
+
+    monkeypatch.setattr(llama_cpp, "llama_init_from_model", interrupted)
+    monkeypatch.setattr(llama_cpp, "llama_model_free", free)
+    with pytest.raises(KeyboardInterrupt):
+        Model.load(n_ctx=256, n_seq_max=1)
+    assert len(freed) == 1
+    assert not _worker_threads() and cm._quiet_depth == 0
+
+
+def test_progress_callback_or_stale_cache_loads_serially(cache: Path) -> None:
+    _warm(None)
+    seen: list[float] = []
+    model = Model.load(n_ctx=256, n_seq_max=1, progress=seen.append)
+    try:
+        assert seen[-1] == 1.0 and ("llg_tokenizer", model.eot_id) not in model._cache
+    finally:
+        model.close()
+    target = cm._vocab_cache_path(default_model_path())
+    with np.load(target) as data:  # a cache from before the end-of-turn id was kept
+        old = {k: data[k] for k in ("blob", "offsets", "attrs")}
+    np.savez(target, **old)
+    model = Model.load(n_ctx=256, n_seq_max=1)
+    try:
+        assert ("llg_tokenizer", model.eot_id) not in model._cache
+        assert model.detokenize(model.tokenize("hello", special=False)) == "hello"
+    finally:
+        model.close()
+    cached = cm._vocab_cache_load(default_model_path())
+    assert cached is not None and cached.plain_tokenize  # rewritten with the new fields
+
+
+def test_sync_api_does_not_import_async_libraries() -> None:
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from chatkit import Conversation, Model\n"
+            "print(sorted(m for m in ('anyio', 'asyncio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]"
