@@ -214,6 +214,9 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     tools = check_tools(given_tools) if given_tools else []
     if tools and constraint is not None:
         raise InvalidParameter("constraint", "tools= builds its own grammar")
+    if options.get("tool_call_threshold") is not None and not tools:
+        raise InvalidParameter("tool_call_threshold", "decides tool_choice='auto', which "
+                               "needs tools=")
     max_tokens = options.get("max_tokens")
     max_tokens = ctx.max_tokens if max_tokens is None else max_tokens
     if max_tokens < 1:

@@ -258,6 +258,11 @@ def test_auto_threshold_refusals(smol: Model, value: Any, choice: str) -> None:
                                 tool_call_threshold=value, max_tokens=5)
 
 
+def test_auto_threshold_without_tools_is_refused(smol: Model) -> None:
+    with pytest.raises(InvalidParameter, match="needs tools="):
+        Conversation(smol).send("hi", tool_call_threshold=0.1, max_tokens=5)
+
+
 def test_auto_decision_rule() -> None:
     """The decision: call when the opening's probability reaches the threshold (a fake row,
     no model)."""
