@@ -51,6 +51,12 @@ MAX_REPEAT = 10_000
 _REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 
+def wants_slices(grammar: str) -> bool:
+    """Whether a compiled grammar (llguidance's JSON or Lark text) has a string bounded by
+    ``maxLength``: the case the sliced tokenizer (``chatkit.model.LLG_SLICES``) speeds up."""
+    return "maxLength" in grammar
+
+
 class Constraint:
     """A grammar constraint; implements ``LogitProcessor`` once bound to a model.
 
@@ -171,7 +177,7 @@ class Constraint:
             return other.bind(model, stop)
         if not 0 <= stop < model.n_vocab:
             raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
-        tok = model.llg_tokenizer(stop)
+        tok = model.llg_tokenizer(stop, sliced=wants_slices(self.grammar))
         matcher = llguidance.LLMatcher(tok, self.grammar, log_level=0)
         if matcher.is_error():
             raise self._matcher_refusal(matcher.get_error())

@@ -90,8 +90,9 @@ class Vocabulary(Protocol):
 
     def is_control(self, token: int) -> bool: ...
 
-    def llg_tokenizer(self, stop_token: int) -> Any:
-        """llguidance's ``LLTokenizer`` for this vocabulary, with ``stop_token`` as its EOS."""
+    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
+        """llguidance's ``LLTokenizer`` for this vocabulary, with ``stop_token`` as its EOS
+        (``sliced``: with the slices that speed up ``maxLength`` strings)."""
         ...
 
     def special_texts(self) -> tuple[str, ...]:

@@ -16,9 +16,10 @@ import contextlib
 import ctypes
 import hashlib
 import importlib.util
-import itertools
 import logging
+import marshal
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -55,15 +56,21 @@ MIN_N_CTX = 64
 """Smallest context accepted: a chat template's markup alone takes tens of tokens."""
 MAX_N_CTX = 1 << 20
 
-LLG_SLICES = [r'[^"\\\x00-\x1F\x7F]{1,30}', r'[^"\\\x00-\x1F\x7F]+']
-"""llguidance's token-mask "slices" (tokenizer trie partitions precomputed per tokenizer):
-the last two of its default ``LLTokenizer.general_slices()``, JSON-string contents of at
-most 30 bytes and of any length. The default also has a whitespace slice and a 10-byte one;
-on Gemma's 262k vocabulary they made the tokenizer build take 1.3-1.4 s instead of 0.9 s
-(on the path to every process's first constrained token) while the masks inside JSON
-strings, what slices speed up, were as fast or faster without them (p50/p99 6-8/140-200 us
-in an unbounded string, 48/190-830 us under maxLength 200). No slices at all builds fastest
-but leaves ~10 ms masks inside strings."""
+LLG_SLICES = [r'[^"\\\x00-\x1F\x7F]{1,30}']
+"""llguidance's token-mask "slices" (tokenizer trie partitions precomputed per tokenizer) for
+grammars with a bounded JSON string (``constraints.wants_slices``): one of its default
+``LLTokenizer.general_slices()``, JSON-string contents of at most 30 bytes. Under
+``maxLength`` 200 it takes a mask on Gemma's 262k vocabulary from 3.5-5.3 ms to 0.07-0.13 ms
+(p50); elsewhere masks measured the same without it (an unbounded string's first mask
+0.2-3 ms once, then llguidance's cache of the lexer state: ~0.01 ms), as they did with its
+other slices. Building it is the costly part: every slice is a regex match over the whole
+vocabulary plus trie rebuilds. On Gemma the tokenizer takes ~0.63 s with no slice, ~0.81 s
+with this one, ~1.05 s with the unbounded-string slice too (chatkit's choice until
+2026-11-30) and ~1.3-1.4 s with all four, and the first of these is on the path to every
+process's first constrained token. So the model's tokenizer has no slice, and the sliced
+copy (``LLTokenizer.with_slices``, ~0.4 s at 262k, ~0.05 s at 49k) is made the first time a
+grammar wants it."""
+
 
 _log = logging.getLogger("chatkit")
 
@@ -402,10 +409,21 @@ class Model:
         return self._cache[key]  # type: ignore[no-any-return]
 
     # ------------------------------------------------ llguidance's vocabulary facts
-    def llg_tokenizer(self, stop_token: int) -> Any:
+    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
         """llguidance's tokenizer over this vocabulary with ``stop_token`` as its EOS
-        (built once per model and stop token: ~0.2 s at 49k vocab, ~0.9 s at 262k; for the
-        end-of-turn token :meth:`load` builds it alongside the weights when it can)."""
+        (built once per model and stop token: ~0.1 s at 49k vocab, ~0.6 s at 262k; for the
+        end-of-turn token :meth:`load` builds it alongside the weights when it can).
+        ``sliced``: a copy with ``LLG_SLICES``, made on first use (the same masks, faster
+        inside ``maxLength`` strings)."""
+        if sliced:
+            def add_slices() -> Any:
+                started = time.perf_counter()
+                made = self.llg_tokenizer(stop_token).with_slices(LLG_SLICES)
+                _log.info("llguidance tokenizer slices for %s built in %.2f s (a grammar "
+                          "with maxLength)", self.name, time.perf_counter() - started)
+                return made
+
+            return self.cache(("llg_tokenizer_sliced", stop_token), add_slices)
 
         def build() -> Any:
             import llguidance
@@ -414,8 +432,7 @@ class Model:
             started = time.perf_counter()
             made = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
                 tokens=_llg_tokens(pieces, attrs), vocab_ptr=self._vocab,
-                tokenize_fptr=_llama_tokenize_address(), eos_token=stop_token,
-                slices=LLG_SLICES)
+                tokenize_fptr=_llama_tokenize_address(), eos_token=stop_token, slices=[])
             _log.info("llguidance tokenizer for %s built in %.2f s", self.name,
                       time.perf_counter() - started)
             return made
@@ -728,10 +745,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CHATKIT_CACHE_DIR") or Path.home() / ".cache" / "chatkit")
 
 
+_VOCAB_CACHE_FORMAT = 3
+"""Version of the vocabulary cache file; part of its name, with what else decides its
+contents (the model file, llama.cpp's version) and how it is stored (``marshal``'s format,
+which belongs to the Python version)."""
+
+
 def _vocab_cache_path(path: Path) -> Path:
     st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{llama_cpp.__version__}|v2"
-    return cache_dir() / f"vocab-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
+    key = (f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{llama_cpp.__version__}|"
+           f"v{_VOCAB_CACHE_FORMAT}|{sys.version_info[:2]}|marshal{marshal.version}")
+    return cache_dir() / f"vocab-{hashlib.sha256(key.encode()).hexdigest()[:24]}.bin"
 
 
 @dataclass
@@ -746,21 +770,24 @@ class _VocabCache:
 
 
 def _vocab_cache_load(path: Path) -> _VocabCache | None:
+    """The cached table, or None (no file, another format, or not what a write makes).
+    ``marshal`` because it reads a 262k list of bytes in ~20 ms, where slicing one blob into
+    it took ~60 ms (npz, until 2026-11-30): this read is on the path to the first token."""
     try:
-        with np.load(_vocab_cache_path(path)) as data:
-            blob, offsets, attrs = bytes(data["blob"]), data["offsets"], data["attrs"]
-            meta = data["meta"].tolist()
-    except (OSError, KeyError, ValueError):
+        data = marshal.loads(_vocab_cache_path(path).read_bytes())
+    except (OSError, EOFError, ValueError, TypeError):
         return None
-    if len(meta) != 3:
+    if not (isinstance(data, tuple) and len(data) == 6
+            and data[0] == _VOCAB_CACHE_FORMAT):
         return None
-    n_vocab, eot_id, plain = (int(v) for v in meta)
-    if (attrs.shape != (n_vocab,) or offsets.shape != (n_vocab + 1,)
-            or not 0 <= eot_id < n_vocab):
+    _, n_vocab, eot_id, plain, attr_bytes, pieces = data
+    if not (type(n_vocab) is int and type(eot_id) is int and 0 <= eot_id < n_vocab
+            and type(attr_bytes) is bytes and len(attr_bytes) == 4 * n_vocab
+            and type(pieces) is list and len(pieces) == n_vocab
+            and all(type(p) is bytes for p in pieces)):
         return None
-    bounds = offsets.tolist()
-    pieces = [blob[a:b] for a, b in itertools.pairwise(bounds)]
-    return _VocabCache(pieces, attrs.astype(np.int32), eot_id, bool(plain))
+    attrs = np.frombuffer(attr_bytes, dtype="<i4").astype(np.int32)
+    return _VocabCache(pieces, attrs, eot_id, bool(plain))
 
 
 def _vocab_cache_read(path: Path, n_vocab: int) -> tuple[list[bytes], NDArray[np.int32]] | None:
@@ -773,14 +800,12 @@ def _vocab_cache_read(path: Path, n_vocab: int) -> tuple[list[bytes], NDArray[np
 def _vocab_cache_write(path: Path, pieces: list[bytes], attrs: NDArray[np.int32], *,
                        eot_id: int, plain_tokenize: bool) -> None:
     target = _vocab_cache_path(path)
-    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in pieces], out=offsets[1:])
-    meta = np.array([len(pieces), eot_id, int(plain_tokenize)], dtype=np.int64)
+    data = (_VOCAB_CACHE_FORMAT, len(pieces), int(eot_id), bool(plain_tokenize),
+            np.asarray(attrs, dtype="<i4").tobytes(), [bytes(p) for p in pieces])
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, blob=np.frombuffer(b"".join(pieces), dtype=np.uint8),
-                 offsets=offsets, attrs=attrs, meta=meta)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(marshal.dumps(data))
         os.replace(tmp, target)
     except OSError as exc:
         _log.info("vocabulary cache not written (%s): next load reads it again", exc)
@@ -789,10 +814,16 @@ def _vocab_cache_write(path: Path, pieces: list[bytes], attrs: NDArray[np.int32]
 def _llg_tokens(pieces: list[bytes], attrs: NDArray[np.int32]) -> list[bytes]:
     """The token list llguidance wants, as llguidance.llamacpp.lltokenizer_from_vocab makes
     it: control tokens, and user-defined ones that look like markup, carry llguidance's
-    0xFF special-token prefix."""
-    return [b"\xff" + p if a & _ATTR_CONTROL or (
-        a & _ATTR_USER_DEFINED and p.startswith(b"<") and p.endswith(b">")) else p
-        for p, a in zip(pieces, attrs.tolist(), strict=True)]
+    0xFF special-token prefix. (A copy of ``pieces`` with those few replaced: ~1 ms at 262k
+    tokens, where testing every token took ~30 ms.)"""
+    if len(pieces) != len(attrs):
+        raise ValueError(f"{len(pieces)} pieces but {len(attrs)} attributes")
+    tokens = list(pieces)
+    for t in np.flatnonzero(attrs & (_ATTR_CONTROL | _ATTR_USER_DEFINED)).tolist():
+        p = tokens[t]
+        if attrs[t] & _ATTR_CONTROL or (p.startswith(b"<") and p.endswith(b">")):
+            tokens[t] = b"\xff" + p
+    return tokens
 
 
 def _llama_tokenize(vocab: Any, data: bytes, add_bos: bool, special: bool) -> list[int]:
@@ -860,6 +891,7 @@ class _TokenizerPrebuild:
         self.path = path
         self._go = threading.Event()
         self._vocab_ready = threading.Event()
+        self._loaded = threading.Event()  # llama.cpp's load returned
         self._vocab: list[Any] = [None]
         self._cancelled = False
         self._table: _VocabCache | None = None
@@ -899,10 +931,16 @@ class _TokenizerPrebuild:
             started = time.perf_counter()
             source = _PendingVocabTokenizer(_llg_tokens(table.pieces, table.attrs),
                                             table.eot_id, self._vocab, self._vocab_ready)
-            tokenizer = llguidance.LLTokenizer(source, slices=LLG_SLICES)  # type: ignore[arg-type]
+            tokenizer = llguidance.LLTokenizer(source, slices=[])  # type: ignore[arg-type]
             source.tokens = []  # read into llguidance's trie; the model keeps the pieces
             self._seconds = time.perf_counter() - started
             self._table, self._tokenizer = table, tokenizer
+            if not self._loaded.is_set():
+                # The weights are still loading: the time left is free for the imports a
+                # schema turn needs (which would otherwise run after the load).
+                from . import schema
+
+                schema._jsonschema()
         except BaseException as exc:  # a pyo3 PanicException is a BaseException
             _log.info("llguidance tokenizer not built while loading %s (%s: %s); the first "
                       "constrained turn builds it", self.path.name, type(exc).__name__, exc)
@@ -917,6 +955,7 @@ class _TokenizerPrebuild:
                 model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
                 if model:
                     ctx = llama_cpp.llama_init_from_model(model, cparams)
+                self._loaded.set()
         except BaseException:
             if ctx:
                 llama_cpp.llama_free(ctx)

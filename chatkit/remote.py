@@ -154,8 +154,8 @@ class RemoteEngine:
     def is_control(self, token: int) -> bool:
         return self.vocab.is_control(token)
 
-    def llg_tokenizer(self, stop_token: int) -> Any:
-        return self.vocab.llg_tokenizer(stop_token)
+    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
+        return self.vocab.llg_tokenizer(stop_token, sliced=sliced)
 
     def special_texts(self) -> tuple[str, ...]:
         return self.vocab.special_texts()

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 
-import jsonschema
 import llguidance
 
 if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (cold start)
+    import jsonschema  # imported on first use (_jsonschema)
     from pydantic import BaseModel
 
 from .errors import SchemaInvalid, SchemaUnsupported, SchemaViolation
@@ -115,9 +115,19 @@ MetaCheck = Callable[[Any], bool]
 """A compiled meta-schema node: True when the value surely passes it."""
 
 
+def _jsonschema() -> Any:
+    """The ``jsonschema`` module, imported on first use: ~50 ms of imports (``referencing``,
+    ``attrs``, the draft meta-schemas) that ``import chatkit`` leaves out. When
+    ``Model.load`` builds llguidance's tokenizer alongside the weights, that worker imports
+    it in the time the load leaves (``chatkit.model._TokenizerPrebuild``)."""
+    import jsonschema
+
+    return jsonschema
+
+
 @functools.lru_cache(maxsize=256)
 def _meta_validator(cls: Any) -> Any:
-    meta = jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls)
+    meta = _jsonschema().validators.validator_for(cls.META_SCHEMA, default=cls)
     return meta(cls.META_SCHEMA, format_checker=meta.FORMAT_CHECKER)
 
 
@@ -149,15 +159,15 @@ def _check_meta(doc: dict[str, Any] | bool, key: str) -> None:
     A schema already checked in this process is not checked again."""
     if key in _checked_keys:
         return
-    default = jsonschema.Draft202012Validator
+    default = _jsonschema().Draft202012Validator
     validator_cls: Any = default
     if isinstance(doc, dict) and isinstance(doc.get("$schema"), str):
-        validator_cls = jsonschema.validators.validator_for(doc, default=default)
+        validator_cls = _jsonschema().validators.validator_for(doc, default=default)
     elif isinstance(doc, dict) and "$schema" not in doc and not _uses_modern_keywords(doc, key):
-        validator_cls = jsonschema.Draft7Validator
+        validator_cls = _jsonschema().Draft7Validator
     if not _surely_valid(validator_cls, doc):
         try:
-            error = jsonschema.exceptions.best_match(
+            error = _jsonschema().exceptions.best_match(
                 _meta_validator(validator_cls).iter_errors(doc))
         except RecursionError:
             raise SchemaUnsupported("nesting", "", "too deeply nested to check") from None
@@ -750,7 +760,7 @@ class SchemaReader:
     def _jsonschema_validator(self) -> Any:
         validator = self._validator
         if validator is None:  # two threads may both build one: either will do
-            cls = jsonschema.validators.validator_for(self.schema,
-                                                      default=jsonschema.Draft202012Validator)
+            js = _jsonschema()
+            cls = js.validators.validator_for(self.schema, default=js.Draft202012Validator)
             validator = self._validator = cls(self.schema, format_checker=cls.FORMAT_CHECKER)
         return validator

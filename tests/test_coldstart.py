@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 import subprocess
 import sys
 import threading
@@ -57,9 +58,9 @@ def warm_path(request: pytest.FixtureRequest, cache: Path) -> Iterator[Path]:
     yield path
 
 
-def test_slices_are_llguidance_json_string_slices() -> None:
-    assert cm.LLG_SLICES == llguidance.LLTokenizer.general_slices()[2:]
-    assert cm.LLG_SLICES == llguidance.LLTokenizer.json_slices()[2:]
+def test_slices_are_llguidance_json_string_slice() -> None:
+    assert cm.LLG_SLICES == llguidance.LLTokenizer.general_slices()[2:3]
+    assert cm.LLG_SLICES == llguidance.LLTokenizer.json_slices()[2:3]
 
 
 def test_cache_records_what_the_build_needs(warm_path: Path) -> None:
@@ -85,8 +86,8 @@ def test_the_tokenizer_built_during_load_is_the_one_turns_use(cache: Path) -> No
         seen: list[Any] = []
         build = model.llg_tokenizer
 
-        def spy(stop: int) -> Any:
-            seen.append(made := build(stop))
+        def spy(stop: int, *, sliced: bool = False) -> Any:
+            seen.append(made := build(stop, sliced=sliced))
             return made
 
         model.llg_tokenizer = spy  # type: ignore[method-assign]
@@ -215,9 +216,8 @@ def test_progress_callback_or_stale_cache_loads_serially(cache: Path) -> None:
     finally:
         model.close()
     target = cm._vocab_cache_path(default_model_path())
-    with np.load(target) as data:  # a cache from before the end-of-turn id was kept
-        old = {k: data[k] for k in ("blob", "offsets", "attrs")}
-    np.savez(target, **old)
+    fields = marshal.loads(target.read_bytes())
+    target.write_bytes(marshal.dumps(fields[:2] + fields[4:]))  # no end-of-turn id
     model = Model.load(n_ctx=256, n_seq_max=1)
     try:
         assert ("llg_tokenizer", model.eot_id) not in model._cache
@@ -235,3 +235,100 @@ def test_sync_api_does_not_import_async_libraries() -> None:
     out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _marked(pieces: list[bytes], attrs: Any) -> list[bytes]:
+    """The special-token marking rule, token by token."""
+    return [b"\xff" + p if a & cm._ATTR_CONTROL or (
+        a & cm._ATTR_USER_DEFINED and p.startswith(b"<") and p.endswith(b">")) else p
+        for p, a in zip(pieces, attrs.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("which", ["smol", pytest.param("gemma", marks=pytest.mark.gemma)])
+def test_llg_tokens_mark_control_and_markup_tokens(which: str) -> None:
+    model = Model.load_vocab(default_model_path() if which == "smol" else gemma_path())
+    try:
+        pieces, attrs = model._vocab_table()
+        tokens = cm._llg_tokens(pieces, attrs)
+        assert tokens == _marked(pieces, attrs)
+        assert tokens[model.eot_id].startswith(b"\xff")
+        assert sum(t != p for t, p in zip(tokens, pieces, strict=True)) > 10
+    finally:
+        model.close()
+    # user-defined tokens are marked only when they look like markup
+    attrs = np.array([cm._ATTR_USER_DEFINED, cm._ATTR_USER_DEFINED, cm._ATTR_CONTROL, 0],
+                     dtype=np.int32)
+    pieces = [b"<tool>", b"tool", b"x", b"<y>"]
+    assert cm._llg_tokens(pieces, attrs) == [b"\xff<tool>", b"tool", b"\xffx", b"<y>"]
+    with pytest.raises(ValueError):
+        cm._llg_tokens(pieces[:3], attrs)
+
+
+def test_vocab_cache_round_trip_and_damage(cache: Path) -> None:
+    path = default_model_path()
+    pieces = [b"a", b"", b"\xff\x00<b>", "é".encode()]
+    attrs = np.array([0, 1, 8, 1 << 9], dtype=np.int32)
+    cm._vocab_cache_write(path, pieces, attrs, eot_id=2, plain_tokenize=True)
+    got = cm._vocab_cache_load(path)
+    assert got is not None and got.pieces == pieces and got.eot_id == 2 and got.plain_tokenize
+    assert got.attrs.dtype == np.int32 and got.attrs.tolist() == attrs.tolist()
+    target = cm._vocab_cache_path(path)
+    good = target.read_bytes()
+    fields = marshal.loads(good)
+    damaged = [good[: len(good) // 2], b"", b"not marshal",
+               marshal.dumps((2, *fields[1:])),  # another format version
+               marshal.dumps((*fields[:5], [b"a", "b", b"c", b"d"])),  # a str piece
+               marshal.dumps((*fields[:5], pieces[:3])),  # too few pieces
+               marshal.dumps((*fields[:2], 9, *fields[3:])),  # end-of-turn id out of range
+               marshal.dumps((*fields[:4], b"\x00" * 12, *fields[5:]))]  # short attributes
+    for bad in damaged:
+        target.write_bytes(bad)
+        assert cm._vocab_cache_load(path) is None, bad[:40]
+    # a damaged file is a miss: the model reads its vocabulary again and rewrites the cache
+    model = Model.load(path, n_ctx=256, n_seq_max=1)
+    try:
+        assert model.detokenize(model.tokenize("hello", special=False)) == "hello"
+    finally:
+        model.close()
+    again = cm._vocab_cache_load(path)
+    assert again is not None and len(again.pieces) == model.n_vocab
+
+
+BOUNDED = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 60},
+                                            "age": {"type": "integer"}},
+           "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_slices_only_for_grammars_with_bounded_strings(cache: Path) -> None:
+    """The model's tokenizer has no slices (the fastest build, on the path to the first
+    token); a grammar with a maxLength string gets the sliced copy, made once, with the
+    same masks."""
+    from chatkit import Constraint
+
+    _warm(None)
+    model = Model.load(n_ctx=512, n_seq_max=1)
+    try:
+        base = model._cache[("llg_tokenizer", model.eot_id)]
+        assert ("llg_tokenizer_sliced", model.eot_id) not in model._cache
+        Constraint.json_schema(SCHEMA, model=model)
+        assert ("llg_tokenizer_sliced", model.eot_id) not in model._cache
+        Constraint.json_schema(BOUNDED, model=model)
+        sliced = model._cache[("llg_tokenizer_sliced", model.eot_id)]
+        assert sliced is not base and model.llg_tokenizer(model.eot_id, sliced=True) is sliced
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(BOUNDED)
+        reply = '{"name": "' + "Ada Lovelace, née Byron; " * 2 + '", "age": 36}'
+        ids = [*model.tokenize(reply, special=False), model.eot_id]
+        assert (_masks(base, grammar, ids, model.n_vocab)
+                == _masks(sliced, grammar, ids, model.n_vocab))
+        out = Conversation(model).send("Name a scientist.", schema=BOUNDED, max_tokens=48,
+                                       temperature=0.8, seed=3)
+        assert isinstance(out.parsed, dict) and len(out.parsed["name"]) <= 60
+    finally:
+        model.close()
+
+
+def test_wants_slices() -> None:
+    from chatkit.constraints import wants_slices
+
+    assert wants_slices(llguidance.LLMatcher.grammar_from_json_schema(BOUNDED))
+    assert not wants_slices(llguidance.LLMatcher.grammar_from_json_schema(SCHEMA))
