@@ -3,7 +3,10 @@
 JSON Schema (a dict, JSON text or a Pydantic model), regex or Lark; compiled
 and refused (by name) before the first token, then bound to a ``Model``:
 the llguidance tokenizer is built from the model's vocabulary once per model
-and stop token (~0.4 s at 49k vocab, ~3 s at 262k) and cached on the model.
+and stop token (~0.1 s at 49k vocab, ~0.6 s at 262k) and cached on the model.
+llguidance itself is imported where it is used, not with this module: ``Model.load``
+imports it while llama.cpp loads the weights (it costs ~25 ms, and ``import chatkit``
+comes before the load).
 
 Masks cover the model's whole vocabulary: ids llama.cpp marks unused or
 undefined (padding) are permanently forbidden, control tokens are never
@@ -20,8 +23,6 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-import llguidance
-import llguidance.numpy
 import numpy as np
 from numpy.typing import NDArray
 
@@ -142,6 +143,8 @@ class Constraint:
             if max(int(n) for n in m.groups() if n) > MAX_REPEAT:
                 raise GrammarInvalid("regex", f"repetition {m.group(0)} exceeds {MAX_REPEAT} "
                                      "(the lexer's automaton would not fit its limits)")
+        import llguidance
+
         grammar = _checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
         made = cls("regex", grammar, source=pattern, stop_token=stop_token)
         return made.bind(model) if model is not None else made
@@ -150,6 +153,8 @@ class Constraint:
     def lark(cls, grammar: str, *, model: Vocabulary | None = None,
              stop_token: int | None = None) -> Constraint:
         """Text derived from a Lark grammar (llguidance dialect). Raises ``GrammarInvalid``."""
+        import llguidance
+
         compiled = _checked(llguidance.LLMatcher.grammar_from_lark(grammar), "lark")
         made = cls("lark", compiled, source=grammar, stop_token=stop_token)
         return made.bind(model) if model is not None else made
@@ -177,6 +182,9 @@ class Constraint:
             return other.bind(model, stop)
         if not 0 <= stop < model.n_vocab:
             raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
+        import llguidance
+        import llguidance.numpy
+
         tok = model.llg_tokenizer(stop, sliced=wants_slices(self.grammar))
         matcher = llguidance.LLMatcher(tok, self.grammar, log_level=0)
         if matcher.is_error():
@@ -363,6 +371,8 @@ def _has_spare_core(model: Vocabulary) -> bool:
 
 
 def _checked(grammar: str, kind: ConstraintKind) -> str:
+    import llguidance
+
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     problem = "; ".join(messages) if failed else grammar_problem(grammar)
     if problem:

@@ -40,6 +40,7 @@ import llama_cpp
 import numpy as np
 from numpy.typing import NDArray
 
+from . import diskcache
 from .compute import run_on_compute
 from .engine import SAFE_PREFILL_CHUNK, IncrementalDetokenizer, SeqChunk
 from .errors import DecodeError, InvalidParameter, ModelLoadError, ModelNotFound
@@ -739,12 +740,6 @@ def _llama_tokenize_address() -> int | None:
     raise ModelLoadError(str(lib_dir), "llama.cpp's shared library was not found")
 
 
-def cache_dir() -> Path:
-    """Where chatkit keeps per-model-file caches: ``$CHATKIT_CACHE_DIR``, else
-    ``~/.cache/chatkit``."""
-    return Path(os.environ.get("CHATKIT_CACHE_DIR") or Path.home() / ".cache" / "chatkit")
-
-
 _VOCAB_CACHE_FORMAT = 3
 """Version of the vocabulary cache file; part of its name, with what else decides its
 contents (the model file, llama.cpp's version) and how it is stored (``marshal``'s format,
@@ -755,7 +750,7 @@ def _vocab_cache_path(path: Path) -> Path:
     st = path.stat()
     key = (f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{llama_cpp.__version__}|"
            f"v{_VOCAB_CACHE_FORMAT}|{sys.version_info[:2]}|marshal{marshal.version}")
-    return cache_dir() / f"vocab-{hashlib.sha256(key.encode()).hexdigest()[:24]}.bin"
+    return diskcache.cache_dir() / f"vocab-{hashlib.sha256(key.encode()).hexdigest()[:24]}.bin"
 
 
 @dataclass
@@ -773,9 +768,12 @@ def _vocab_cache_load(path: Path) -> _VocabCache | None:
     """The cached table, or None (no file, another format, or not what a write makes).
     ``marshal`` because it reads a 262k list of bytes in ~20 ms, where slicing one blob into
     it took ~60 ms (npz, until 2026-11-30): this read is on the path to the first token."""
+    raw = diskcache.read(_vocab_cache_path(path))
+    if raw is None:
+        return None
     try:
-        data = marshal.loads(_vocab_cache_path(path).read_bytes())
-    except (OSError, EOFError, ValueError, TypeError):
+        data = marshal.loads(raw)
+    except (EOFError, ValueError, TypeError):
         return None
     if not (isinstance(data, tuple) and len(data) == 6
             and data[0] == _VOCAB_CACHE_FORMAT):
@@ -802,13 +800,7 @@ def _vocab_cache_write(path: Path, pieces: list[bytes], attrs: NDArray[np.int32]
     target = _vocab_cache_path(path)
     data = (_VOCAB_CACHE_FORMAT, len(pieces), int(eot_id), bool(plain_tokenize),
             np.asarray(attrs, dtype="<i4").tobytes(), [bytes(p) for p in pieces])
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(marshal.dumps(data))
-        os.replace(tmp, target)
-    except OSError as exc:
-        _log.info("vocabulary cache not written (%s): next load reads it again", exc)
+    diskcache.write(target, marshal.dumps(data), "vocabulary")
 
 
 def _llg_tokens(pieces: list[bytes], attrs: NDArray[np.int32]) -> list[bytes]:
@@ -891,7 +883,6 @@ class _TokenizerPrebuild:
         self.path = path
         self._go = threading.Event()
         self._vocab_ready = threading.Event()
-        self._loaded = threading.Event()  # llama.cpp's load returned
         self._vocab: list[Any] = [None]
         self._cancelled = False
         self._table: _VocabCache | None = None
@@ -935,12 +926,6 @@ class _TokenizerPrebuild:
             source.tokens = []  # read into llguidance's trie; the model keeps the pieces
             self._seconds = time.perf_counter() - started
             self._table, self._tokenizer = table, tokenizer
-            if not self._loaded.is_set():
-                # The weights are still loading: the time left is free for the imports a
-                # schema turn needs (which would otherwise run after the load).
-                from . import schema
-
-                schema._jsonschema()
         except BaseException as exc:  # a pyo3 PanicException is a BaseException
             _log.info("llguidance tokenizer not built while loading %s (%s: %s); the first "
                       "constrained turn builds it", self.path.name, type(exc).__name__, exc)
@@ -955,7 +940,6 @@ class _TokenizerPrebuild:
                 model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
                 if model:
                     ctx = llama_cpp.llama_init_from_model(model, cparams)
-                self._loaded.set()
         except BaseException:
             if ctx:
                 llama_cpp.llama_free(ctx)

@@ -175,7 +175,16 @@ class Sampler:
         self._processor: LogitProcessor | None = None
         self._checking: CheckingProcessor | None = None
         self.processor = processor
-        self.rng = np.random.default_rng(self.params.seed)
+        self._rng: np.random.Generator | None = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The sampling RNG (``params.seed``), made at the first sampled token: a greedy
+        sampler never needs it, and ``numpy.random``'s import (~5-9 ms) is on the path to a
+        process's first token."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.params.seed)
+        return self._rng
 
     @property
     def processor(self) -> LogitProcessor | None:

@@ -16,8 +16,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 
-import llguidance
-
 if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (cold start)
     import jsonschema  # imported on first use (_jsonschema)
     from pydantic import BaseModel
@@ -117,9 +115,11 @@ MetaCheck = Callable[[Any], bool]
 
 def _jsonschema() -> Any:
     """The ``jsonschema`` module, imported on first use: ~50 ms of imports (``referencing``,
-    ``attrs``, the draft meta-schemas) that ``import chatkit`` leaves out. When
-    ``Model.load`` builds llguidance's tokenizer alongside the weights, that worker imports
-    it in the time the load leaves (``chatkit.model._TokenizerPrebuild``)."""
+    ``attrs``, the draft meta-schemas) that ``import chatkit`` leaves out, and that a
+    schema turn needs only to validate its reply (a schema jsonschema would refuse is
+    refused by it; ``_fast_draft7_check`` passes the others without it). Not imported
+    ahead of time in a background thread: on 2 cores that thread took a core from
+    llama.cpp's prefill (every core is one of its threads) and cost more than it saved."""
     import jsonschema
 
     return jsonschema
@@ -145,6 +145,68 @@ def _fast_meta_check(cls: Any) -> MetaCheck | None:
         return None
 
 
+class _LocalFormats:
+    """jsonschema's draft-07 format checks of the formats its meta-schema uses, without
+    importing jsonschema: ``regex`` as jsonschema checks it (``re.compile``); ``uri`` and
+    ``uri-reference`` pass, as they do in jsonschema when none of its optional URI packages
+    is installed (when one is, they say False and jsonschema decides)."""
+
+    _URI_PACKAGES = ("rfc3987", "rfc3986_validator", "rfc3987_syntax")
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        self.uri_checked = any(importlib.util.find_spec(m) is not None
+                               for m in self._URI_PACKAGES)
+
+    def conforms(self, value: Any, fmt: str) -> bool:
+        if fmt == "regex":
+            if not isinstance(value, str):
+                return True
+            try:
+                re.compile(value)
+            except Exception:  # re.error: jsonschema says invalid too; others: it decides
+                return False
+            return True
+        if fmt in ("uri", "uri-reference"):
+            return not self.uri_checked
+        return False
+
+
+def _draft7_meta() -> dict[str, Any] | None:
+    """The draft-07 meta-schema from the file jsonschema itself reads it from
+    (``jsonschema_specifications``' data, read without importing either); None when it is
+    not there."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("jsonschema_specifications")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = next(iter(spec.submodule_search_locations))
+        with open(f"{folder}/schemas/draft7/metaschema.json", encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError, ImportError):
+        return None
+    if not isinstance(meta, dict) or meta.get("$schema") != "http://json-schema.org/draft-07/schema#":
+        return None
+    return meta
+
+
+@functools.lru_cache(maxsize=1)
+def _fast_draft7_check() -> MetaCheck | None:
+    """The draft-07 meta-schema as a boolean check built without importing jsonschema
+    (~50 ms of imports kept off the path to a process's first constrained token), formats
+    by ``_LocalFormats``. None when the meta-schema is not found (jsonschema's check runs)."""
+    meta = _draft7_meta()
+    if meta is None:
+        return None
+    try:
+        return _MetaCheckBuilder(meta, _LocalFormats()).schema(meta)
+    except (_NotCompiled, KeyError, TypeError):
+        return None
+
+
 _checked_keys: dict[str, None] = {}
 
 
@@ -158,6 +220,10 @@ def _check_meta(doc: dict[str, Any] | bool, key: str) -> None:
     ~0.5 ms); jsonschema runs only when they say no or cannot tell, and names the error.
     A schema already checked in this process is not checked again."""
     if key in _checked_keys:
+        return
+    if (isinstance(doc, dict) and "$schema" not in doc and not _uses_modern_keywords(doc, key)
+            and _surely_valid_draft7(doc)):
+        _remember_checked(key)
         return
     default = _jsonschema().Draft202012Validator
     validator_cls: Any = default
@@ -174,9 +240,23 @@ def _check_meta(doc: dict[str, Any] | bool, key: str) -> None:
         if error is not None:
             raise SchemaInvalid(f"not a valid JSON Schema: {error.message}",
                                 path=_pointer(error.absolute_path))
+    _remember_checked(key)
+
+
+def _remember_checked(key: str) -> None:
     if len(_checked_keys) > 4096:
         _checked_keys.clear()
     _checked_keys[key] = None
+
+
+def _surely_valid_draft7(doc: dict[str, Any]) -> bool:
+    check = _fast_draft7_check()
+    if check is None:
+        return False
+    try:
+        return check(doc)
+    except RecursionError:
+        return False
 
 
 def _uses_modern_keywords(doc: dict[str, Any], key: str) -> bool:
@@ -209,7 +289,8 @@ class _MetaCheckBuilder:
     """Compiles a draft-04/06/07 meta-schema into closures. Each covers one meta-schema node
     exactly as jsonschema applies it, or says False where that is not certain."""
 
-    def __init__(self, meta: dict[str, Any], formats: jsonschema.FormatChecker) -> None:
+    def __init__(self, meta: dict[str, Any],
+                 formats: jsonschema.FormatChecker | _LocalFormats) -> None:
         self.meta = meta
         self.formats = formats
         self.built: dict[int, MetaCheck] = {}
@@ -583,6 +664,8 @@ def json_grammar(schema: dict[str, Any] | bool, whitespace: Whitespace = "compac
     if isinstance(schema, dict) and digits is not None and survey.numbers:
         doc = _bounded(schema, digits, survey, share=True)
     try:
+        import llguidance
+
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(doc), overrides=json_options(whitespace)  # type: ignore[arg-type]
         )
@@ -606,6 +689,8 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
     compiled = json_grammar(schema, whitespace, digits)
     problem = None
     if validate:
+        import llguidance
+
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled.grammar)
         problem = "; ".join(messages) if failed else None
     if problem is None and compiled.may_be_empty:
@@ -617,6 +702,8 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
 
 @functools.cache
 def _byte_tokenizer() -> Any:
+    import llguidance
+
     return llguidance.LLTokenizer("byte")
 
 
@@ -624,6 +711,8 @@ def grammar_problem(grammar: str) -> str | None:
     """What llguidance reports when it builds a matcher for ``grammar`` (over a byte-level
     tokenizer: no model needed), or None. Catches what validation alone lets through
     (``$ref`` cycles, lexer limits such as ``a{1000000}``) before any model loads."""
+    import llguidance
+
     matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
     if not matcher.is_error():
         matcher.compute_bitmask()  # the first mask: an empty language errors here

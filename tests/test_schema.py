@@ -6,6 +6,8 @@ No model here: the grammar tests use ``LLTokenizer("byte")`` (one token per byte
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any, Literal
 
 import llguidance
@@ -21,6 +23,8 @@ from chatkit import (
     SchemaViolation,
 )
 from chatkit.schema import compile_json_schema, load_schema
+
+from .conftest import ROOT
 
 BYTE_TOK = llguidance.LLTokenizer("byte")
 
@@ -265,14 +269,17 @@ def test_fast_meta_check_agrees_with_jsonschema(monkeypatch: pytest.MonkeyPatch)
 
     docs = _corrupted()
     assert len(docs) > 1000
-    accepted = 0
+    accepted = accepted_draft7 = 0
     for doc in docs:
         for cls in (jsonschema.Draft4Validator, jsonschema.Draft6Validator,
                     jsonschema.Draft7Validator):
             if schema._surely_valid(cls, doc):
                 accepted += 1
                 assert schema._meta_validator(cls).is_valid(doc), (cls.__name__, doc)
-    assert accepted > 500  # the fast path is taken, not just safe
+        if isinstance(doc, dict) and schema._surely_valid_draft7(doc):  # without jsonschema
+            accepted_draft7 += 1
+            assert schema._meta_validator(jsonschema.Draft7Validator).is_valid(doc), doc
+    assert accepted > 500 and accepted_draft7 > 200  # the fast paths are taken, not just safe
     for base in _META_BASES:
         cls = jsonschema.validators.validator_for(base, default=jsonschema.Draft7Validator)
         assert schema._surely_valid(cls, base)
@@ -281,9 +288,49 @@ def test_fast_meta_check_agrees_with_jsonschema(monkeypatch: pytest.MonkeyPatch)
     fast = [_refusal_of(doc) for doc in docs]
     schema._checked_keys.clear()
     monkeypatch.setattr(schema, "_surely_valid", lambda cls, doc: False)
+    monkeypatch.setattr(schema, "_surely_valid_draft7", lambda doc: False)
     assert fast == [_refusal_of(doc) for doc in docs]  # same acceptance, message and pointer
     assert sum(r is not None for r in fast) > 100
     schema._checked_keys.clear()
+
+
+def test_draft7_check_without_jsonschema_reads_its_meta_schema() -> None:
+    """The jsonschema-free draft-07 check: the meta-schema jsonschema uses, formats as it
+    checks them here, and URI formats left to jsonschema when it could check them."""
+    import jsonschema
+
+    from chatkit import schema
+
+    assert schema._draft7_meta() == jsonschema.Draft7Validator.META_SCHEMA
+    checker = jsonschema.Draft7Validator.FORMAT_CHECKER
+    formats = schema._LocalFormats()
+    assert formats.uri_checked == ("uri" in checker.checkers)
+    for value in ["a+", "(", "[", "\\", 5, None, "x(?P<n>y)"]:
+        assert formats.conforms(value, "regex") == checker.conforms(value, "regex"), value
+    for value in ["http://x", "not a uri", "#/$defs/a"]:
+        for fmt in ("uri", "uri-reference"):
+            assert formats.conforms(value, fmt) is checker.conforms(value, fmt)
+    formats.uri_checked = True  # e.g. rfc3987 installed: say False, jsonschema decides
+    assert not formats.conforms("http://x", "uri")
+    assert not formats.conforms("x", "date")
+
+
+def test_a_schema_turn_imports_jsonschema_only_to_validate() -> None:
+    """jsonschema is not on the path to the first token (a process's first schema turn)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from chatkit import Constraint, Model\n"
+            "model = Model.load_vocab()\n"
+            "Constraint.json_schema({'type': 'object', 'properties': {'a': {'type': 'string',"
+            " 'pattern': '^x+$'}}, '$defs': {'b': {'type': 'integer'}}}, model=model)\n"
+            "print('jsonschema' in sys.modules)\n"
+            "from chatkit import SchemaInvalid\n"
+            "try:\n"
+            "    Constraint.json_schema({'type': 'string', 'pattern': '('}, model=model)\n"
+            "except SchemaInvalid as exc:\n"
+            "    print(exc.path, 'jsonschema' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split() == ["False", "/pattern", "True"]
 
 
 # ------------------------------------------------------------- number bound

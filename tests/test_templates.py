@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from chatkit import ChatTemplate, Message, Model, TemplateError, ToolCall
@@ -166,3 +170,42 @@ def test_hostile_templates_end_in_template_error_within_the_budget(source: str) 
     with pytest.raises(TemplateError):
         t.render(MSGS)
     assert time.monotonic() - started < 10
+
+
+def test_compiled_templates_are_cached_on_disk(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template compiled by an earlier process is read back, not compiled again; a damaged
+    file is a miss; a different environment setting is a different file."""
+    import jinja2
+
+    from chatkit import templates
+
+    monkeypatch.setenv("CHATKIT_CACHE_DIR", str(tmp_path))
+    source = ChatTemplate.bundled("qwen3").source + "{# cache test #}"
+    msgs = [Message("user", "hi")]
+    bundled = set(tmp_path.glob("template-*.bin"))  # the bundled template, compiled above
+    first = ChatTemplate.from_string(source).render(msgs)
+    files = list(set(tmp_path.glob("template-*.bin")) - bundled)
+    assert len(files) == 1
+    compiled: list[str] = []
+    real = jinja2.Environment.compile
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(args[0] if args else "")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+    assert ChatTemplate.from_string(source).render(msgs) == first
+    assert compiled == []  # read from the cache
+    files[0].write_bytes(b"\x00garbage")
+    assert ChatTemplate.from_string(source).render(msgs) == first
+    assert len(compiled) == 1  # a miss: compiled and written again
+    assert ChatTemplate.from_string(source).render(msgs) == first and len(compiled) == 1
+    env = templates._environment(lambda: datetime.now())
+    plain = templates._template_code(env, "{{ 1 }}\n")
+    env.keep_trailing_newline = True
+    assert templates._template_code(env, "{{ 1 }}\n") is not plain
+    assert len(set(tmp_path.glob("template-*.bin")) - bundled) == 3
+    with pytest.raises(TemplateError):  # a template that does not compile is not cached
+        ChatTemplate.from_string("{% if %}")
+    assert len(set(tmp_path.glob("template-*.bin")) - bundled) == 3
