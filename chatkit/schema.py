@@ -250,13 +250,7 @@ def _remember_checked(key: str) -> None:
 
 
 def _surely_valid_draft7(doc: dict[str, Any]) -> bool:
-    check = _fast_draft7_check()
-    if check is None:
-        return False
-    try:
-        return check(doc)
-    except RecursionError:
-        return False
+    return _passes(_fast_draft7_check(), doc)
 
 
 def _uses_modern_keywords(doc: dict[str, Any], key: str) -> bool:
@@ -267,7 +261,12 @@ def _uses_modern_keywords(doc: dict[str, Any], key: str) -> bool:
 
 
 def _surely_valid(validator_cls: Any, doc: Any) -> bool:
-    check = _fast_meta_check(validator_cls)
+    return _passes(_fast_meta_check(validator_cls), doc)
+
+
+def _passes(check: MetaCheck | None, doc: Any) -> bool:
+    """A compiled meta-schema check's answer; False (jsonschema decides) when there is no
+    check or the document is too deep for it."""
     if check is None:
         return False
     try:
