@@ -54,7 +54,9 @@ _REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 def wants_slices(grammar: str) -> bool:
     """Whether a compiled grammar (llguidance's JSON or Lark text) has a string bounded by
-    ``maxLength``: the case the sliced tokenizer (``chatkit.model.LLG_SLICES``) speeds up."""
+    ``maxLength``: the case the sliced tokenizer (``chatkit.model.LLG_SLICES``) speeds up.
+    A text test: a grammar that only mentions the word (a property of that name) gets the
+    sliced copy too, which costs its one-time build and changes no mask."""
     return "maxLength" in grammar
 
 
