@@ -263,7 +263,7 @@ class Model:
         Once a process has run a constrained turn on this file (its vocabulary is then
         cached on disk, ``CHATKIT_CACHE_DIR``), later loads also build llguidance's
         tokenizer for the end-of-turn token in a worker thread while llama.cpp loads, so the
-        first constrained turn does not wait ~0.2-0.9 s for it. llama.cpp's log lines of
+        first constrained turn does not wait ~0.1-0.6 s for it. llama.cpp's log lines of
         that window are dropped (a C no-op sink, so the load needs no GIL); the overlap is
         skipped with ``progress``, on a single core, or when ``chatkit.llama_cpp`` logs at
         DEBUG.
@@ -513,7 +513,7 @@ class Model:
     def _vocab_table(self) -> tuple[list[bytes], NDArray[np.int32]]:
         """Every token's bytes and llama.cpp attribute bits, read once per model file: from
         the disk cache when a previous process wrote it (a 262k vocabulary takes ~0.7 s to
-        read through llama.cpp, ~0.05 s from the cache), else from llama.cpp."""
+        read through llama.cpp, ~0.03 s from the cache), else from llama.cpp."""
         if self._pieces is None or self._attrs is None:
             cached = _vocab_cache_read(self.path, self.n_vocab)
             if cached is None:
