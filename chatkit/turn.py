@@ -46,13 +46,7 @@ from .errors import (
 )
 from .messages import Message, Reply, ToolCall, Usage
 from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
-from .schema import (
-    LoadedSchema,
-    SchemaInput,
-    bound_numbers,
-    json_options,
-    load_schema,
-)
+from .schema import LoadedSchema, SchemaInput, bound_numbers, json_options, load_schema
 from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
 from .templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
 from .tools.definition import Tool, check_tools
