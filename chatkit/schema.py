@@ -221,15 +221,16 @@ def _check_meta(doc: dict[str, Any] | bool, key: str) -> None:
     A schema already checked in this process is not checked again."""
     if key in _checked_keys:
         return
-    if (isinstance(doc, dict) and "$schema" not in doc and not _uses_modern_keywords(doc, key)
-            and _surely_valid_draft7(doc)):
+    draft7 = (isinstance(doc, dict) and "$schema" not in doc
+              and not _uses_modern_keywords(doc, key))
+    if draft7 and isinstance(doc, dict) and _surely_valid_draft7(doc):
         _remember_checked(key)
         return
     default = _jsonschema().Draft202012Validator
     validator_cls: Any = default
     if isinstance(doc, dict) and isinstance(doc.get("$schema"), str):
         validator_cls = _jsonschema().validators.validator_for(doc, default=default)
-    elif isinstance(doc, dict) and "$schema" not in doc and not _uses_modern_keywords(doc, key):
+    elif draft7:
         validator_cls = _jsonschema().Draft7Validator
     if not _surely_valid(validator_cls, doc):
         try:
