@@ -38,6 +38,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .agent import ToolResult, execute_calls
+    from .backends import BuildInfo, Device
     from .batch import BatchItem, asend_batch, send_batch
     from .constraints import Constraint
     from .conversation import AsyncReplyStream, Conversation, ReplyStream
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
         Vocabulary,
     )
     from .messages import FinishReason, Message, Reply, Role, ToolCall, Usage
-    from .model import Model
+    from .model import Model, Placement, build_info
     from .quorum import QuorumOptions, QuorumResult, aquorum, quorum
     from .remote import RemoteEngine
     from .sampling import (
@@ -73,6 +74,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "ToolResult": "agent",
     "execute_calls": "agent",
+    "BuildInfo": "backends",
+    "Device": "backends",
     "BatchItem": "batch",
     "asend_batch": "batch",
     "send_batch": "batch",
@@ -96,6 +99,8 @@ _LAZY = {
     "ToolCall": "messages",
     "Usage": "messages",
     "Model": "model",
+    "Placement": "model",
+    "build_info": "model",
     "QuorumOptions": "quorum",
     "QuorumResult": "quorum",
     "aquorum": "quorum",
@@ -151,6 +156,7 @@ __all__ = [
     "AllTokensMasked",
     "AsyncReplyStream",
     "BatchItem",
+    "BuildInfo",
     "ChatTemplate",
     "ChatkitError",
     "CheckingProcessor",
@@ -161,6 +167,7 @@ __all__ = [
     "Conversation",
     "CostGate",
     "DecodeError",
+    "Device",
     "DraftAwareProcessor",
     "DraftSource",
     "Engine",
@@ -183,6 +190,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFound",
     "ModelRetry",
+    "Placement",
     "PromptLookupSource",
     "QuorumOptions",
     "QuorumResult",
@@ -220,6 +228,7 @@ __all__ = [
     "__version__",
     "aquorum",
     "asend_batch",
+    "build_info",
     "engine_loop",
     "execute_calls",
     "generate",

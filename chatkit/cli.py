@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid
 
@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     from .sampling import SamplingParams
 
     model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=1, n_threads=args.threads,
-                       progress=_tty_progress("loading model"))
+                       progress=_tty_progress("loading model"), **_placement(args))
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
                         stop=args.stop or (), max_tokens=args.max_tokens)
@@ -156,14 +156,64 @@ def _tty_progress(what: str) -> Callable[[float], None] | None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .model import Model
+    from .model import Model, build_info
 
-    model = Model.load(args.model, n_ctx=256, n_seq_max=1)
+    model = Model.load(args.model, n_ctx=256, n_seq_max=1, **_placement(args))
     print(f"path: {model.path}")
     print(f"n_vocab: {model.n_vocab}")
     print(f"bos/eos/eot: {model.bos_id}/{model.eos_id}/{model.eot_id}")
     print(f"chat template: {'yes' if model.chat_template else 'none'}")
+    print(f"placement: {model.placement.reason}")
+    for line in build_info().describe():
+        print(line)
     return 0
+
+
+def _placement(args: argparse.Namespace) -> dict[str, Any]:
+    """Model.load's placement options from the command line (``_placement_flags``)."""
+    return {"n_gpu_layers": args.n_gpu_layers, "main_gpu": args.main_gpu,
+            "split_mode": args.split_mode, "tensor_split": args.tensor_split,
+            "flash_attn": {"auto": None, "on": True, "off": False}[args.flash_attn],
+            "offload_kqv": not args.no_offload_kqv}
+
+
+def _proportions(value: str) -> list[float]:
+    try:
+        return [float(v) for v in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {value!r}"
+                                         ) from None
+
+
+def _layers(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (every layer) or >= 0: {value}")
+    return n
+
+
+SPLIT_MODES = ("layer", "none", "row", "tensor")
+"""``--split-mode`` choices: ``chatkit.model.SPLIT_MODES`` (not imported here: ``chatkit
+--help`` does not load llama.cpp)."""
+
+
+def _placement_flags(parser: argparse.ArgumentParser) -> None:
+    """GPU offload options, as Model.load takes them (README, "GPU offload")."""
+    parser.add_argument("--n-gpu-layers", type=_layers, default=None,
+                        help="layers offloaded to the GPU (-1: every layer; default: every "
+                             "layer where the build has a GPU backend, else the CPU)")
+    parser.add_argument("--main-gpu", type=int, default=0, help="the GPU for --split-mode none")
+    parser.add_argument("--split-mode", choices=SPLIT_MODES, default="layer",
+                        help="how layers spread over several GPUs (default: layer)")
+    parser.add_argument("--tensor-split", type=_proportions, default=None,
+                        help="proportion per GPU, comma-separated (e.g. 3,1)")
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                        help="flash attention (default: llama.cpp decides)")
+    parser.add_argument("--no-offload-kqv", action="store_true",
+                        help="keep the KV cache and attention on the CPU")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -180,7 +230,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max,
-                       n_threads=args.threads, progress=_tty_progress("loading model"))
+                       n_threads=args.threads, progress=_tty_progress("loading model"),
+                       **_placement(args))
     name = args.name or Path(str(model.path)).stem
     limits = ServerLimits(max_tokens=args.max_tokens_cap)
     serve(model, name=name, host=args.host, port=args.port,
@@ -224,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--speculative", action="store_true",
                      help="grammar-drafted speculative decoding (same output, fewer passes)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    _placement_flags(run)
     run.add_argument("--debug", action="store_true", help="show tracebacks")
     run.set_defaults(func=_run)
     srv = sub.add_parser("serve", help="an OpenAI-compatible server (needs chatkit[serve])")
@@ -242,10 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest max_tokens a request may ask for")
     srv.add_argument("--threads", type=_positive_int, default=None,
                      help="llama.cpp threads (default: every core)")
+    _placement_flags(srv)
     srv.add_argument("--debug", action="store_true", help="show tracebacks")
     srv.set_defaults(func=_serve)
-    info = sub.add_parser("info", help="describe a GGUF model")
+    info = sub.add_parser("info", help="describe a GGUF model and the llama.cpp build: its "
+                          "backends, devices and where the layers run")
     info.add_argument("--model", default=None, help="GGUF path (default: embedded SmolLM2)")
+    _placement_flags(info)
     info.add_argument("--debug", action="store_true", help="show tracebacks")
     info.set_defaults(func=_info)
     return parser

@@ -41,11 +41,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import diskcache
+from .backends import BuildInfo, read_build_info
 from .compute import run_on_compute
 from .engine import SAFE_PREFILL_CHUNK, IncrementalDetokenizer, SeqChunk
 from .errors import DecodeError, InvalidParameter, ModelLoadError, ModelNotFound
 
-__all__ = ["Model"]
+__all__ = ["Model", "Placement", "build_info"]
 
 V = TypeVar("V")
 
@@ -162,6 +163,103 @@ def _llama_log_muted(sink: Any) -> Iterator[None]:
                 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
+def build_info() -> BuildInfo:
+    """The llama.cpp build's backends, devices and CPU features (``chatkit info`` prints
+    them), with chatkit's llama.cpp log sink set first."""
+    _ensure_backend()
+    return read_build_info()
+
+
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
+"""``split_mode`` names (llama.h's ``llama_split_mode``): ``none`` one GPU (``main_gpu``),
+``layer`` layers and KV spread over the GPUs, ``row`` rows too (tensor parallelism where
+the backend has it), ``tensor`` llama.cpp's tensor-parallel split."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's layers run and which llama.cpp options chose it (``Model.placement``).
+
+    ``n_gpu_layers`` is what llama.cpp was given (-1: every layer); ``on_gpu`` whether any
+    layer is offloaded; ``extra_buffer_types`` whether llama.cpp may repack weights into its
+    extra CPU buffer types (AMX, repacked Q4_0/Q4_K/IQ4_NL); ``reason`` says why, in words,
+    as it was logged at load."""
+
+    n_gpu_layers: int
+    on_gpu: bool
+    main_gpu: int
+    split_mode: str
+    flash_attn: bool | None
+    offload_kqv: bool
+    extra_buffer_types: bool
+    reason: str
+
+
+def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
+                   split_mode: str, tensor_split: Sequence[float] | None,
+                   flash_attn: bool | None, offload_kqv: bool,
+                   extra_buffer_types: bool | None) -> Placement:
+    """Check the placement options against the build (``InvalidParameter`` naming the
+    first bad one) and decide what llama.cpp is given. Pure: no llama.cpp call."""
+    if n_gpu_layers is not None and (isinstance(n_gpu_layers, bool)
+                                     or not isinstance(n_gpu_layers, int)
+                                     or n_gpu_layers < -1):
+        raise InvalidParameter("n_gpu_layers", "must be None (every layer where the build "
+                               f"can offload), -1 (every layer) or >= 0, got {n_gpu_layers!r}")
+    if isinstance(main_gpu, bool) or not isinstance(main_gpu, int) or main_gpu < 0:
+        raise InvalidParameter("main_gpu", f"must be an integer >= 0, got {main_gpu!r}")
+    if split_mode not in SPLIT_MODES:
+        raise InvalidParameter("split_mode", f"must be one of {sorted(SPLIT_MODES)}, got "
+                               f"{split_mode!r}")
+    for name, flag in (("flash_attn", flash_attn), ("extra_buffer_types", extra_buffer_types)):
+        if flag is not None and not isinstance(flag, bool):
+            raise InvalidParameter(name, f"must be True, False or None (auto), got {flag!r}")
+    if not isinstance(offload_kqv, bool):
+        raise InvalidParameter("offload_kqv", f"must be True or False, got {offload_kqv!r}")
+    if tensor_split is not None:
+        if isinstance(tensor_split, str | bytes) or not isinstance(tensor_split, Sequence):
+            raise InvalidParameter("tensor_split", "must be a sequence of proportions, got "
+                                   f"{tensor_split!r}")
+        values = list(tensor_split)
+        if not 1 <= len(values) <= info.max_devices:
+            raise InvalidParameter("tensor_split", f"takes 1 to {info.max_devices} "
+                                   f"proportions (llama_max_devices), got {len(values)}")
+        for v in values:
+            if (isinstance(v, bool) or not isinstance(v, int | float)
+                    or not (0.0 <= float(v) < float("inf"))):
+                raise InvalidParameter("tensor_split", "each proportion must be a finite "
+                                       f"number >= 0, got {v!r}")
+        if sum(float(v) for v in values) <= 0.0:
+            raise InvalidParameter("tensor_split", "needs a proportion above 0")
+    gpus = len(info.gpus)
+    if info.gpu_offload and gpus and main_gpu >= gpus:
+        raise InvalidParameter("main_gpu", f"this build sees {gpus} GPU(s) (0 to {gpus - 1}), "
+                               f"got {main_gpu}")
+    if n_gpu_layers is None:
+        layers = -1 if info.gpu_offload else 0
+    else:
+        layers = n_gpu_layers if info.gpu_offload else 0
+    if not info.gpu_offload:
+        where = ("on the CPU: this llama.cpp build has no GPU backend"
+                 + (f" (n_gpu_layers={n_gpu_layers} has no effect)" if n_gpu_layers else ""))
+    elif layers == 0:
+        where = "on the CPU (n_gpu_layers=0)"
+    else:
+        names = ", ".join(d.name for d in info.gpus) or "the offload backend"
+        count = "every layer" if layers < 0 else f"{layers} layer(s)"
+        where = f"{count} offloaded to {names} (split_mode={split_mode}, main_gpu={main_gpu})"
+    if extra_buffer_types is None:
+        extra = not info.amx_kernels
+        if not extra:
+            where += ("; llama.cpp's extra buffer types off: this build carries its AMX "
+                      "kernels, which crash with SIGILL (llama.cpp PR #26954)")
+    else:
+        extra = extra_buffer_types
+    return Placement(n_gpu_layers=layers, on_gpu=layers != 0, main_gpu=main_gpu,
+                     split_mode=split_mode, flash_attn=flash_attn, offload_kqv=offload_kqv,
+                     extra_buffer_types=extra, reason=where)
+
+
 def default_model_path() -> Path:
     """Path of the embedded default model (SmolLM2-135M-Instruct Q4_1).
 
@@ -210,6 +308,10 @@ class Model:
         self.n_threads = os.cpu_count() or 1
         self.kv_unified = True
         """One KV pool for every sequence (prefix copies); else a stream per sequence."""
+        self.placement = Placement(n_gpu_layers=0, on_gpu=False, main_gpu=0,
+                                   split_mode="layer", flash_attn=None, offload_kqv=True,
+                                   extra_buffer_types=True, reason="vocabulary only")
+        """Where the layers run (set by :meth:`load`)."""
         self.n_vocab: int = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.bos_id: int = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos_id: int = int(llama_cpp.llama_vocab_eos(self._vocab))
@@ -244,8 +346,26 @@ class Model:
         n_batch: int = 512,
         kv_unified: bool = False,
         progress: Callable[[float], object] | None = None,
+        n_gpu_layers: int | None = None,
+        main_gpu: int = 0,
+        split_mode: str = "layer",
+        tensor_split: Sequence[float] | None = None,
+        flash_attn: bool | None = None,
+        offload_kqv: bool = True,
+        extra_buffer_types: bool | None = None,
     ) -> Model:
-        """Load a GGUF (``None``: the embedded default model) on the CPU.
+        """Load a GGUF (``None``: the embedded default model).
+
+        Placement (README, "GPU offload"): ``n_gpu_layers`` None offloads every layer when
+        the llama.cpp build has a GPU backend (``llama_supports_gpu_offload``) and runs on
+        the CPU otherwise; -1 is every layer, 0 the CPU, N the first N layers; a CPU-only
+        build accepts any value and runs on the CPU. ``main_gpu``, ``split_mode``
+        (``none``, ``layer``, ``row``, ``tensor``), ``tensor_split`` (a proportion per
+        device), ``flash_attn`` (None: llama.cpp decides) and ``offload_kqv`` (the KV cache
+        and attention on the GPU) are llama.cpp's own options. ``extra_buffer_types``
+        (None: on, except on a build carrying llama.cpp's AMX kernels, which crash: README,
+        "Build options") lets llama.cpp repack weights for faster CPU kernels. The choice
+        is logged and kept as :attr:`placement`.
 
         By default each of the ``n_seq_max`` KV sequences has its own stream of
         ``n_ctx / n_seq_max`` cells (``n_ctx_seq``): a conversation's logits then do not
@@ -277,10 +397,21 @@ class Model:
             if not low <= value <= high:
                 raise InvalidParameter(name, f"must be in [{low}, {high}], got {value}")
         resolved = _checked_gguf(path)
-        _ensure_backend()
+        info = build_info()
+        placement = plan_placement(
+            info, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode,
+            tensor_split=tensor_split, flash_attn=flash_attn, offload_kqv=offload_kqv,
+            extra_buffer_types=extra_buffer_types)
         threads = n_threads or default_threads()
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0
+        mparams.n_gpu_layers = placement.n_gpu_layers
+        mparams.main_gpu = placement.main_gpu
+        mparams.split_mode = SPLIT_MODES[placement.split_mode]
+        mparams.use_extra_bufts = placement.extra_buffer_types
+        split_array = None
+        if tensor_split is not None:
+            split_array = (ctypes.c_float * info.max_devices)(*[float(v) for v in tensor_split])
+            mparams.tensor_split = split_array  # kept alive by this frame
         cancelled = False
         if progress is not None:
             def report(fraction: float, user_data: Any) -> bool:
@@ -301,6 +432,10 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        cparams.offload_kqv = placement.offload_kqv
+        cparams.flash_attn_type = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+                                   True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                   False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         if hasattr(cparams, "kv_unified"):
             cparams.kv_unified = kv_unified
         # With the vocabulary cached on disk, llguidance's tokenizer for the end-of-turn
@@ -331,6 +466,7 @@ class Model:
             model = ctx = None  # made frees them
             made.n_threads = threads
             made.kv_unified = kv_unified
+            made.placement = placement
             if prebuild is not None:
                 cls._adopt_tokenizer(made, prebuild)
         finally:
@@ -340,8 +476,10 @@ class Model:
                 llama_cpp.llama_model_free(model)
             if prebuild is not None:
                 prebuild.close()
-        _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d",
-                  resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads)
+        _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d; %s",
+                  resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads,
+                  placement.reason)
+        del split_array
         return made
 
     def _adopt_tokenizer(self, prebuild: _TokenizerPrebuild) -> None:

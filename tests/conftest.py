@@ -22,6 +22,23 @@ def gemma_path() -> Path:
     return path
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``bitwise`` compare two decode paths token for token (batch and alone,
+    speculative and plain, concurrent and alone). That equality is a property of the CPU
+    backend's numerics in the regimes chatkit keeps to (README, "Reproducibility"); a GPU
+    backend's kernels pick different reductions per batch shape, so there they are skipped
+    with that reason (``bench reproducible`` measures what holds on a given build)."""
+    from chatkit import build_info
+
+    if not build_info().gpu_offload:
+        return
+    skip = pytest.mark.skip(reason="bitwise path equality is measured on the CPU backend; "
+                            "this build offloads to a GPU (run bench reproducible)")
+    for item in items:
+        if "bitwise" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def smol() -> Iterator[Model]:
     model = Model.load(n_ctx=4096, n_seq_max=4)

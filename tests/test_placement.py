@@ -1,0 +1,192 @@
+"""Where a model runs: the llama.cpp build's report, the AMX protection, GPU options.
+
+The decisions are pure (``plan_placement`` over a ``BuildInfo``), so they are tested for
+builds this machine does not have (AMX kernels, CUDA); what reaches llama.cpp is checked by
+recording ``llama_model_params`` at the real load.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from chatkit import BuildInfo, Device, InvalidParameter, Model, SeqChunk, build_info
+from chatkit.backends import parse_system_info
+from chatkit.model import SPLIT_MODES, plan_placement
+
+CPU_ONLY = BuildInfo(features={"CPU": {"AVX2": "1", "AVX512": "1"}}, devices=(
+    Device("CPU", "Intel Xeon", "cpu", 0, 0),), gpu_offload=False, max_devices=16)
+AMX = BuildInfo(features={"CPU": {"AVX512": "1", "AMX_INT8": "1"}}, devices=(
+    Device("CPU", "Intel Xeon", "cpu", 0, 0),), gpu_offload=False, max_devices=16)
+CUDA = BuildInfo(features={"CPU": {"AVX2": "1"}, "CUDA": {"ARCHS": "900"}}, devices=(
+    Device("CUDA0", "NVIDIA H200", "gpu", 140 << 30, 141 << 30),
+    Device("CPU", "AMD EPYC", "cpu", 0, 0)), gpu_offload=True, max_devices=16)
+
+DEFAULTS: dict[str, Any] = {"n_gpu_layers": None, "main_gpu": 0, "split_mode": "layer",
+                            "tensor_split": None, "flash_attn": None, "offload_kqv": True,
+                            "extra_buffer_types": None}
+
+
+def plan(info: BuildInfo, **kw: Any) -> Any:
+    return plan_placement(info, **{**DEFAULTS, **kw})
+
+
+def test_system_info_is_parsed_per_backend() -> None:
+    text = ("CPU : SSE3 = 1 | AVX2 = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 | "
+            "CUDA : ARCHS = 900 | USE_GRAPHS = 1 | ")
+    parsed = parse_system_info(text)
+    assert parsed["CPU"]["AMX_INT8"] == "1" and parsed["CPU"]["REPACK"] == "1"
+    assert parsed["CUDA"] == {"ARCHS": "900", "USE_GRAPHS": "1"}
+    assert BuildInfo(parsed, (), False, 16).amx_kernels
+    assert not BuildInfo(parse_system_info("CPU : AVX2 = 1 | "), (), False, 16).amx_kernels
+
+
+def test_this_build_is_read_from_llama_cpp() -> None:
+    info = build_info()
+    assert info.features.get("CPU")
+    assert info.gpu_offload == bool(llama_cpp.llama_supports_gpu_offload())
+    assert any(d.kind == "cpu" for d in info.devices)
+    assert info.describe()[0].startswith("gpu offload:")
+
+
+def test_amx_build_turns_extra_buffer_types_off() -> None:
+    placed = plan(AMX)
+    assert placed.extra_buffer_types is False and "AMX" in placed.reason
+    assert plan(CPU_ONLY).extra_buffer_types is True
+    # the caller's word wins, both ways (a llama.cpp with the upstream fix)
+    assert plan(AMX, extra_buffer_types=True).extra_buffer_types is True
+    assert plan(CPU_ONLY, extra_buffer_types=False).extra_buffer_types is False
+
+
+def test_gpu_layers_default_to_every_layer_where_the_build_offloads() -> None:
+    on_gpu = plan(CUDA)
+    assert on_gpu.n_gpu_layers == -1 and on_gpu.on_gpu and "CUDA0" in on_gpu.reason
+    assert plan(CUDA, n_gpu_layers=0).on_gpu is False
+    assert plan(CUDA, n_gpu_layers=12).n_gpu_layers == 12
+    on_cpu = plan(CPU_ONLY)
+    assert on_cpu.n_gpu_layers == 0 and not on_cpu.on_gpu and "no GPU backend" in on_cpu.reason
+
+
+def test_cpu_only_build_accepts_gpu_layers_and_says_so() -> None:
+    placed = plan(CPU_ONLY, n_gpu_layers=99)
+    assert placed.n_gpu_layers == 0 and "n_gpu_layers=99 has no effect" in placed.reason
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("n_gpu_layers", -2), ("n_gpu_layers", 1.5), ("n_gpu_layers", True), ("n_gpu_layers", "all"),
+    ("main_gpu", -1), ("main_gpu", 1), ("main_gpu", "0"),
+    ("split_mode", "rows"), ("split_mode", None),
+    ("tensor_split", [1.0] * 17), ("tensor_split", []), ("tensor_split", [0, 0]),
+    ("tensor_split", [float("nan")]), ("tensor_split", [-1.0, 2.0]), ("tensor_split", "3,1"),
+    ("flash_attn", "on"), ("offload_kqv", None), ("extra_buffer_types", 1),
+])
+def test_bad_placement_options_are_named(name: str, value: Any) -> None:
+    with pytest.raises(InvalidParameter) as info:
+        plan(CUDA, **{name: value})  # one GPU: main_gpu 1 does not exist
+    assert info.value.name == name
+
+
+def test_cli_split_modes_are_the_models() -> None:
+    from chatkit.cli import SPLIT_MODES as CLI_MODES
+
+    assert set(CLI_MODES) == set(SPLIT_MODES)
+
+
+class _Recorder:
+    """Records the ``llama_model_params`` and context params llama.cpp is given."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.model: list[dict[str, Any]] = []
+        self.context: list[dict[str, Any]] = []
+        load, init = llama_cpp.llama_model_load_from_file, llama_cpp.llama_init_from_model
+
+        def recording_load(path: bytes, params: Any) -> Any:
+            self.model.append({f: getattr(params, f) for f in (
+                "n_gpu_layers", "main_gpu", "split_mode", "use_extra_bufts")})
+            return load(path, params)
+
+        def recording_init(model: Any, params: Any) -> Any:
+            self.context.append({f: getattr(params, f) for f in (
+                "flash_attn_type", "offload_kqv")})
+            return init(model, params)
+
+        monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", recording_load)
+        monkeypatch.setattr(llama_cpp, "llama_init_from_model", recording_init)
+
+
+def _long_prompt_decodes(model: Model) -> None:
+    """A 160-token prompt in ONE llama_decode: the size at which the AMX kernels crashed."""
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog. " * 16, special=False)
+    assert len(tokens) >= 100
+    rows = model.decode([SeqChunk(0, 0, tokens[:160], "last")])
+    assert rows[0].shape == (1, model.n_vocab)
+
+
+def test_amx_protection_reaches_llama_cpp_and_a_long_prompt_decodes(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import chatkit.model as model_module
+
+    real = build_info()
+    pretend = BuildInfo(features={**real.features, "CPU": {**real.features["CPU"],
+                                                          "AMX_INT8": "1"}},
+                        devices=real.devices, gpu_offload=real.gpu_offload,
+                        max_devices=real.max_devices)
+    monkeypatch.setattr(model_module, "build_info", lambda: pretend)
+    seen = _Recorder(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="chatkit"):
+        model = Model.load(n_ctx=512, n_seq_max=1)
+    try:
+        assert seen.model[-1]["use_extra_bufts"] is False
+        assert model.placement.extra_buffer_types is False
+        assert any("extra buffer types off" in r.getMessage() for r in caplog.records)
+        _long_prompt_decodes(model)
+    finally:
+        model.close()
+
+
+def test_gpu_options_reach_llama_cpp_on_this_build(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    seen = _Recorder(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="chatkit"):
+        model = Model.load(n_ctx=512, n_seq_max=1, n_gpu_layers=99, split_mode="none",
+                           flash_attn=False, offload_kqv=False, tensor_split=[1.0])
+    try:
+        params, ctx = seen.model[-1], seen.context[-1]
+        assert params["split_mode"] == SPLIT_MODES["none"]
+        assert ctx == {"flash_attn_type": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+                       "offload_kqv": False}
+        if build_info().gpu_offload:
+            assert params["n_gpu_layers"] == 99 and model.placement.on_gpu
+        else:  # a CPU-only build accepts the option and logs that it runs on the CPU
+            assert params["n_gpu_layers"] == 0 and not model.placement.on_gpu
+            assert any("on the CPU" in r.getMessage() for r in caplog.records)
+        _long_prompt_decodes(model)
+    finally:
+        model.close()
+
+
+def test_bad_gpu_option_is_refused_before_llama_cpp_loads(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    seen = _Recorder(monkeypatch)
+    with pytest.raises(InvalidParameter):
+        Model.load(n_ctx=512, n_seq_max=1, split_mode="diagonal")
+    assert seen.model == []
+
+
+def test_info_shows_backends_and_placement(capsys: pytest.CaptureFixture[str]) -> None:
+    from chatkit.cli import main
+
+    assert main(["info", "--n-gpu-layers", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "placement: on the CPU" in out
+    assert "backend CPU:" in out and "device 0:" in out
+
+
+def test_cli_refuses_a_bad_gpu_option_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from chatkit.cli import main
+
+    code = main(["run", "--prompt", "hi", "--n-gpu-layers", "-3"])
+    assert code != 0 and "--n-gpu-layers" in capsys.readouterr().err
