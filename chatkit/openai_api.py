@@ -34,7 +34,6 @@ from .errors import (
     UserError,
 )
 from .messages import FinishReason, Message, Reply, messages_from_openai
-from .schema import closed_objects
 from .tools.definition import Tool
 
 __all__: list[str] = []
@@ -247,13 +246,11 @@ def _sampling(body: Mapping[str, Any], limits: ServerLimits) -> Sampling:
 
 
 def _response_format(value: Any, param: str = "response_format") -> Any:
-    """The schema a ``response_format`` asks for (None: free text). Objects without an
-    ``additionalProperties`` decision are closed, as OpenAI's strict mode requires and as
-    llama.cpp's and XGrammar's generation do: a client's Pydantic model ignores undeclared
-    keys, and a small model otherwise fills them until ``max_tokens``. The answer still
-    validates against the schema as sent; ``additionalProperties: true`` keeps extra keys."""
-    schema = _response_schema(value, param)
-    return closed_objects(schema) if isinstance(schema, dict) else schema
+    """The schema a ``response_format`` asks for (None: free text), as sent. Generation
+    closes objects that make no ``additionalProperties`` decision (``schema.close_objects``:
+    one rule with the library and ``chatkit run``); the answer validates against the schema
+    as sent; ``additionalProperties: true`` keeps extra keys."""
+    return _response_schema(value, param)
 
 
 def _response_schema(value: Any, param: str) -> Any:

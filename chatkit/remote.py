@@ -49,6 +49,7 @@ from numpy.typing import NDArray
 from .engine import GenerateRequest, GenerateResult, Vocabulary
 from .errors import InvalidParameter, RemoteError, RemoteUnsupported
 from .messages import messages_to_openai
+from .schema import closed_objects
 
 __all__ = ["RemoteEngine"]
 
@@ -214,10 +215,13 @@ class RemoteEngine:
         body = {"model": self.model, "max_tokens": request.max_tokens,
                 "messages": messages_to_openai(request.messages), **sampling}
         if request.schema is not None:
+            # closed as chatkit's own grammar closes it (schema.close_objects)
+            sent = (closed_objects(request.schema) if isinstance(request.schema, dict)
+                    else request.schema)
             body["response_format"] = (
                 {"type": "json_schema", "json_schema": {"name": "answer", "strict": True,
-                                                        "schema": request.schema}}
-                if self.kind == "openai" else {"type": "json_object", "schema": request.schema})
+                                                        "schema": sent}}
+                if self.kind == "openai" else {"type": "json_object", "schema": sent})
         return "/v1/chat/completions", body
 
     def _result(self, url: str, data: Any, request: GenerateRequest) -> GenerateResult:

@@ -73,8 +73,6 @@ def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
     if is_model_class(schema):
         model_cls = schema
         doc: Any = schema.model_json_schema()
-        if schema.model_config.get("extra") != "allow":
-            close_objects(doc)
     elif isinstance(schema, str):
         try:
             doc = json.loads(schema)
@@ -486,11 +484,33 @@ def closed_objects(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def close_objects(doc: dict[str, Any]) -> None:
-    """Pydantic ignores (or forbids) undeclared fields, so the grammar need not generate them:
-    objects without an ``additionalProperties`` decision get ``false``."""
+    """Close, for generation, the objects that make no ``additionalProperties`` decision
+    (one rule for the library, ``chatkit run`` and ``chatkit serve``, as OpenAI's strict
+    mode, llama.cpp and XGrammar do): a small model otherwise adds keys until
+    ``max_tokens``, and a Pydantic model ignores or forbids them anyway. The second reader
+    still checks the schema as written, which admits the closed objects' documents.
+
+    Left open, because closing would change what the schema means: objects under ``allOf``
+    (each branch closed would reject the other branches' keys), objects whose ``required``
+    names a key ``properties`` does not declare, and objects with ``patternProperties``
+    or ``unevaluatedProperties``."""
+    in_all_of: set[int] = set()
     for _, node in _walk(doc, ""):
-        if node.get("type") == "object" and "properties" in node:
-            node.setdefault("additionalProperties", False)
+        if id(node) in in_all_of:
+            continue
+        branches = node.get("allOf")
+        if isinstance(branches, list):
+            for branch in branches:
+                in_all_of.update(id(sub) for _, sub in _walk(branch, ""))
+        props = node.get("properties")
+        if node.get("type") != "object" or not isinstance(props, dict):
+            continue
+        required = node.get("required", [])
+        if ("patternProperties" in node or "unevaluatedProperties" in node
+                or not isinstance(required, list)
+                or any(name not in props for name in required)):
+            continue
+        node.setdefault("additionalProperties", False)
 
 
 def json_options(whitespace: Whitespace = "compact") -> dict[str, Any]:
@@ -659,6 +679,8 @@ def json_grammar(schema: dict[str, Any] | bool, whitespace: Whitespace = "compac
     Numbers are bounded (``digits``, shared definitions: see :func:`bound_numbers`)."""
     if schema is False:
         raise SchemaInvalid("the schema `false` accepts nothing")
+    if isinstance(schema, dict):
+        schema = closed_objects(schema)
     survey = _survey(schema) if isinstance(schema, dict) else _Survey(False, False, False)
     doc = schema
     if isinstance(schema, dict) and digits is not None and survey.numbers:

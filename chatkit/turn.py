@@ -46,7 +46,14 @@ from .errors import (
 )
 from .messages import Message, Reply, ToolCall, Usage
 from .sampling import DraftAwareProcessor, LogitProcessor, Logits, Sampler, SamplingParams
-from .schema import LoadedSchema, SchemaInput, bound_numbers, json_options, load_schema
+from .schema import (
+    LoadedSchema,
+    SchemaInput,
+    bound_numbers,
+    closed_objects,
+    json_options,
+    load_schema,
+)
 from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
 from .templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
 from .tools.definition import Tool, check_tools
@@ -438,7 +445,8 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
                          "schema grammar").clone()
 
     def build() -> Constraint:
-        doc = bound_numbers(loaded.doc)
+        doc = bound_numbers(closed_objects(loaded.doc) if isinstance(loaded.doc, dict)
+                            else loaded.doc)
         embedded: dict[str, Any] = dict(doc) if isinstance(doc, dict) else {"anyOf": [doc]}
         embedded["x-guidance"] = {**json_options(), **embedded.get("x-guidance", {})}
         lark = (

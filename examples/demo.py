@@ -15,7 +15,7 @@ from chatkit import Conversation, Model
 
 
 class Planet(BaseModel):
-    name: str = Field(max_length=24)
+    name: str = Field(pattern=r"^[A-Za-z0-9 '-]{1,24}$")  # bounded, no escapes
     moons: int = Field(ge=0, le=200)
     kind: Literal["rocky", "gas giant", "ice giant", "dwarf"]
 
@@ -23,8 +23,10 @@ class Planet(BaseModel):
 def main() -> None:
     model = Model.load()
     conv = Conversation(model, system="You answer in JSON.")
-    reply = conv.send("Describe the planet Jupiter.", schema=Planet, max_tokens=64)
-    print(f"model:  {model.name}")
+    # 96 tokens cover the longest Planet the grammar allows (~70 characters), so the reply
+    # completes whatever this machine's build of llama.cpp makes the model write
+    reply = conv.send("Describe the planet Jupiter.", schema=Planet, max_tokens=96)
+    print(f"model:  {model.name} ({model.placement.reason})")
     print(f"text:   {reply.text}")
     print(f"parsed: {reply.parsed!r}")
     print(f"finish: {reply.finish_reason}, {reply.usage.completion_tokens} tokens "

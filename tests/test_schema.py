@@ -198,9 +198,34 @@ def test_pydantic_objects_are_closed_unless_extra_allowed() -> None:
     assert not accepts(g, '{"inner":{"x":1,"y":2}}')
     assert not accepts(g, '{"inner":{"x":1},"y":2}')
     assert accepts(json_grammar(Open), '{"x":1,"y":2}')
-    # A plain dict schema is taken as written: JSON Schema allows extra keys by default.
-    assert accepts(json_grammar({"type": "object", "properties": {"x": {"type": "integer"}}}),
-                   '{"x":1,"y":2}')
+    # the reader checks Pydantic's schema as written (no decision: extra keys are valid)
+    assert "additionalProperties" not in load_schema(Outer).doc
+
+
+def test_open_objects_are_closed_for_generation_and_read_as_written() -> None:
+    """One rule for dicts, Pydantic models, the CLI and the server: an object with no
+    ``additionalProperties`` decision is closed in the grammar; the reader keeps the schema
+    as written."""
+    open_ = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    g = json_grammar(open_)
+    assert accepts(g, '{"x":1}') and not accepts(g, '{"x":1,"y":2}')
+    assert accepts(json_grammar({**open_, "additionalProperties": True}), '{"x":1,"y":2}')
+    loaded = load_schema(open_)
+    assert loaded.doc == open_ and "additionalProperties" not in open_  # not mutated
+    loaded.reader().read('{"x":1,"y":2}')  # the schema as written admits extra keys
+
+
+def test_closing_leaves_alone_what_it_would_change() -> None:
+    obj = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    both = {"allOf": [obj, {"type": "object", "properties": {"b": {"type": "integer"}}}]}
+    assert accepts(json_grammar(both), '{"a":1,"b":2}')  # each branch closed would refuse it
+    undeclared = {**obj, "required": ["a", "z"]}
+    assert accepts(json_grammar(undeclared), '{"a":1,"z":2}')
+    patterned = {**obj, "patternProperties": {"^p": {"type": "integer"}}}
+    assert accepts(json_grammar(patterned), '{"a":1,"q":2}')
+    nested = {"type": "object", "properties": {"in": obj}}
+    g = json_grammar(nested)
+    assert not accepts(g, '{"in":{"a":1,"b":2}}') and not accepts(g, '{"in":{},"z":1}')
 
 
 # ------------------------------------------------------- meta-schema fast check

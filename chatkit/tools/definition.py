@@ -173,7 +173,7 @@ def _from_function(fn: Callable[..., Any], name: str | None, description: str | 
     doc = inspect.getdoc(fn) or ""
     param_docs = _param_docs(doc)
     try:
-        hints = get_type_hints(fn)
+        hints = get_type_hints(fn, include_extras=True)  # keeps Annotated[..., Field(...)]
     except Exception as exc:
         raise ToolDefinitionError(tool_name, f"cannot resolve type hints: {exc}") from exc
     fields: dict[str, Any] = {}
@@ -199,6 +199,8 @@ def _checked_schema(tool_name: str, cls: type[BaseModel]) -> dict[str, Any]:
         raise ToolDefinitionError(tool_name, "names are letters, digits, _ . - (max 64)")
     try:
         doc = load_schema(cls).doc
+        if isinstance(doc, dict):
+            doc = closed_objects(doc)  # arguments are closed, as OpenAI's strict tools
         compile_json_schema(doc)
     except ChatkitError as exc:
         raise ToolDefinitionError(tool_name, f"arguments cannot be enforced: {exc}") from exc

@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from ..engine import Vocabulary
 from ..errors import InvalidParameter, ToolArgumentsInvalid
 from ..messages import ToolCall
-from ..schema import bound_numbers, json_options
+from ..schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 
 __all__: list[str] = []
@@ -90,7 +90,7 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
             f"body: %json {json.dumps(_body_schema(callable_tools))}",
         ]
     if output is not None:
-        answer = {**bound_numbers(output), "x-guidance": _COMPACT}
+        answer = {**bound_numbers(closed_objects(output)), "x-guidance": _COMPACT}
         lines.append(f"answer: %json {json.dumps(answer)}")
     else:
         lines.append(_PLAIN)
