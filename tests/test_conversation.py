@@ -216,13 +216,18 @@ def test_stream_abandoned_appends_nothing(smol: Model) -> None:
 
 
 def test_stop_strings_end_free_text(smol: Model) -> None:
+    """The same greedy reply with and without a stop string: cut where the stop string
+    first appears (whatever this build's reply is; a scripted reply in test_remote checks
+    the cut on fixed tokens)."""
     conv = Conversation(smol)
     free = conv.send("List three colours, one per line.", max_tokens=40)
-    assert "\n" in free.text  # a plain reply spans lines...
     conv2 = Conversation(smol)
     cut = conv2.send("List three colours, one per line.", max_tokens=40, stop=["\n"])
-    assert "\n" not in cut.text and cut.finish_reason == "stop"
-    assert free.text.startswith(cut.text)
+    assert "\n" not in cut.text and free.text.startswith(cut.text)
+    if "\n" in free.text:
+        assert cut.finish_reason == "stop" and cut.text == free.text.split("\n")[0]
+    else:
+        assert cut.text == free.text
 
 
 def test_seeded_conversations_reproduce(smol: Model) -> None:
