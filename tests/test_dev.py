@@ -74,3 +74,15 @@ def test_build_options_key_the_wheel_and_keep_amx_out(monkeypatch: pytest.Monkey
     assert len({dev.wheel_dir(plain), dev.wheel_dir(cuda), dev.wheel_dir(own)}) == 3
     monkeypatch.setattr(dev.platform, "machine", lambda: "aarch64")
     assert dev.cmake_args({}) == ""
+
+
+def test_a_change_of_build_options_changes_the_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The set-up's stamp covers the build options, so new CMAKE_ARGS reinstall from a
+    wheel built with them (pip's cache would hand back the old build)."""
+    dev = _dev()
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    plain = dev._fingerprint()
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_VULKAN=on")
+    assert dev._fingerprint() != plain
+    monkeypatch.delenv("CMAKE_ARGS")
+    assert dev._fingerprint() == plain
