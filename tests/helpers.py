@@ -1,12 +1,20 @@
-"""Test processors: a recorder around any processor, an allow-list mask, a no-op."""
+"""Test processors (a recorder around any processor, an allow-list mask, a no-op, a bias),
+a bounded Verdict, a biased model wrapper and a scripted vLLM-style HTTP server: the tools
+that let a test force what a real model would only probably do."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, Field
 
-from chatkit import Constraint, LogitProcessor
+from chatkit import Constraint, LogitProcessor, SeqChunk
 
 
 class AllowList:
@@ -101,6 +109,68 @@ class Boost:
         pass
 
 
+class Ban:
+    """Forbids ``ids`` (e.g. the stop tokens: a reply that cannot end early)."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = np.asarray(list(ids), dtype=np.int64)
+
+    def process(self, logits: np.ndarray, history: Sequence[int]) -> None:
+        logits[self.ids] = -np.inf
+
+    def commit(self, token: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class Biased:
+    """A model whose every logit row has ``amount`` added to ``ids``: the model itself wants
+    those tokens, before any processor (for greedy check-first, which looks at the unmasked
+    argmax before it calls ``process``). Everything else is the wrapped model's."""
+
+    def __init__(self, model: Any, ids: Sequence[int], amount: float = 100.0) -> None:
+        self._model = model
+        self._ids = np.asarray(list(ids), dtype=np.int64)
+        self._amount = amount
+
+    def _bias(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.array(rows, dtype=np.float32, copy=True)
+        rows[..., self._ids] += self._amount
+        return rows
+
+    def decode(self, chunks: Sequence[SeqChunk]) -> list[np.ndarray]:
+        return [self._bias(r) for r in self._model.decode(chunks)]
+
+    def prefill(self, seq: int, tokens: Sequence[int], pos: int = 0, **kw: Any) -> np.ndarray:
+        return self._bias(self._model.prefill(seq, tokens, pos, **kw))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+# A reason the grammar bounds by construction: ASCII only, so no \uXXXX escapes (maxLength
+# alone counts an escape as one character), at most 40 characters.
+Reason = Annotated[str, Field(pattern=r"^[A-Za-z0-9 ,.'-]{0,40}$")]
+
+
+class Verdict(BaseModel):
+    """tests/test_conversation.py's Verdict with bounded strings: every reply the grammar
+    admits fits in ``VERDICT_MAX_TOKENS`` (a token is at least one byte), so a test of a
+    code path never depends on a model closing its strings early."""
+
+    decision: Literal["approve", "reject", "abstain"]
+    confidence: float = Field(ge=0, le=1)
+    reasons: list[Reason] = Field(max_length=2)
+
+
+# '{"decision":"abstain","confidence":0.123456,"reasons":["<40>","<40>"]}' is 142 bytes
+# (numbers carry at most 6 fractional digits: schema.NUMBER_DIGITS); the margin covers
+# other spellings of a number.
+VERDICT_MAX_TOKENS = 200
+
+
 def chat_prompt(model, user: str, system: str | None = None) -> list[int]:  # type: ignore[no-untyped-def]
     """A prompt with segment-safe tokenization: ChatML markup for SmolLM2, plain text for Gemma."""
     if model.chat_template and "<|im_start|>" in model.chat_template:
@@ -137,3 +207,70 @@ def unmasked(c: Constraint) -> Constraint:
             return True
 
     return Unmasked(c.kind, c.grammar, source=c.source, reader=c.reader)
+
+
+class Script:
+    """A real HTTP server on loopback answering with scripted responses (status, JSON body or
+    raw bytes, delay); a completion body answers a streaming request as server-sent events,
+    one token per event. With ``RemoteEngine(script.base, kind="vllm", ...)`` a reply's token
+    ids are replayed through chatkit's own grammar, stop, tool-call and finish rules: a
+    scripted model that does exactly what a test needs."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[int, Any, float]] = []
+        self.requests: list[dict[str, Any]] = []
+        script = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                request = json.loads(self.rfile.read(length))
+                script.requests.append(request)
+                status, body, delay = script.replies.pop(0)
+                time.sleep(delay)
+                kind = "application/json"
+                if isinstance(body, bytes):
+                    data = body
+                elif request.get("stream") and status == 200 and "choices" in body:
+                    data, kind = _events(body), "text/event-stream"
+                else:
+                    data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", kind)
+                self.send_header("content-length", str(len(data)))
+                if status == 429:
+                    self.send_header("retry-after", "0")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def completion(ids: list[int], finish: str = "stop") -> dict[str, Any]:
+    """A vLLM-style completion body carrying ``ids`` as the reply's token ids."""
+    return {"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": len(ids)}}
+
+
+def _events(body: dict[str, Any]) -> bytes:
+    """A completion body as a vLLM-style event stream: one token id per event, the finish
+    reason, the usage, ``[DONE]``."""
+    events: list[dict[str, Any]] = []
+    for choice in body["choices"]:
+        i = choice["index"]
+        events += [{"choices": [{"index": i, "text": "", "token_ids": [t],
+                                 "finish_reason": None}]} for t in choice["token_ids"]]
+        events.append({"choices": [{"index": i, "text": "", "token_ids": [],
+                                    "finish_reason": choice["finish_reason"]}]})
+    events.append({"choices": [], "usage": body.get("usage")})
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + \
+        b"data: [DONE]\n\n"

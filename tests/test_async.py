@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import anyio
+import pytest
 
 from chatkit import Conversation, Model
-from tests.test_conversation import Verdict
+from tests.helpers import VERDICT_MAX_TOKENS, Verdict
 
 
 def test_asend_equals_send(smol: Model) -> None:
-    sync = Conversation(smol).send("Judge: snow is white.", schema=Verdict, max_tokens=80)
+    sync = Conversation(smol).send("Judge: snow is white.", schema=Verdict,
+                                   max_tokens=VERDICT_MAX_TOKENS)
 
     async def main() -> str:
         reply = await Conversation(smol).asend("Judge: snow is white.", schema=Verdict,
-                                               max_tokens=80)
+                                               max_tokens=VERDICT_MAX_TOKENS)
         return reply.text
 
     assert anyio.run(main) == sync.text
+
+
+# A reply that cannot end within its max_tokens: at least 4000 characters.
+ENDLESS = {"type": "string", "minLength": 4000}
 
 
 def test_cancelled_astream_leaves_history_unchanged(smol: Model) -> None:
@@ -24,8 +30,9 @@ def test_cancelled_astream_leaves_history_unchanged(smol: Model) -> None:
 
     async def main() -> list[str]:
         got: list[str] = []
-        with anyio.move_on_after(10):
-            async for delta in conv.astream("Count slowly from one to fifty.", max_tokens=60):
+        with anyio.move_on_after(60):
+            async for delta in conv.astream("Count slowly from one to fifty.", schema=ENDLESS,
+                                            max_tokens=60):
                 got.append(delta)
                 if len(got) == 3:
                     break
@@ -38,20 +45,22 @@ def test_cancelled_astream_leaves_history_unchanged(smol: Model) -> None:
     got = anyio.run(main)
     assert len(got) == 3
     assert conv.messages == []
-    assert conv.send("Say hi.", max_tokens=8).text  # still consistent
+    conv.send("Say hi.", max_tokens=8)  # still consistent: the first turn recorded
+    assert [m.role for m in conv.messages] == ["user", "assistant"]
 
 
+@pytest.mark.bitwise  # two sequences in one decode against each alone
 def test_two_conversations_concurrently_on_one_model(smol: Model) -> None:
     claims = ["the sun is cold", "ice is hot"]
-    alone = [Conversation(smol).send(f"Judge: {c}.", schema=Verdict, max_tokens=80).text
-             for c in claims]
+    alone = [Conversation(smol).send(f"Judge: {c}.", schema=Verdict,
+                                     max_tokens=VERDICT_MAX_TOKENS).text for c in claims]
 
     async def main() -> list[str]:
         out = ["", ""]
 
         async def one(i: int) -> None:
             r = await Conversation(smol).asend(f"Judge: {claims[i]}.", schema=Verdict,
-                                               max_tokens=80)
+                                               max_tokens=VERDICT_MAX_TOKENS)
             out[i] = r.text
 
         async with anyio.create_task_group() as tg:

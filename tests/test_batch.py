@@ -19,29 +19,30 @@ from chatkit import (
     quorum,
     send_batch,
 )
-from tests.helpers import NoOp
-from tests.test_conversation import Verdict
+from tests.helpers import VERDICT_MAX_TOKENS, NoOp, Verdict
 
 SYSTEM = "You judge claims."
 CLAIMS = ["the sky is green", "water is wet", "cats bark", "fire is cold", "ice is hot",
           "two plus two is four"]
 SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=5)
+MOST = VERDICT_MAX_TOKENS  # every Verdict the grammar admits fits: replies end by themselves
 
 
 def convs(model: Model, n: int, sampling: SamplingParams | None = None) -> list[Conversation]:
     return [Conversation(model, system=SYSTEM, sampling=sampling) for _ in range(n)]
 
 
+@pytest.mark.bitwise  # lockstep batch rows against each conversation alone
 @pytest.mark.parametrize("sampling", [None, SEEDED], ids=["greedy", "seeded"])
 def test_batch_equals_sequential_with_more_items_than_sequences(
     smol: Model, sampling: SamplingParams | None
 ) -> None:
     assert len(CLAIMS) > smol.n_seq_max  # some items wait for a free sequence
-    alone = [c.send(f"Judge: {x}.", schema=Verdict, max_tokens=60).text
+    alone = [c.send(f"Judge: {x}.", schema=Verdict, max_tokens=MOST).text
              for c, x in zip(convs(smol, len(CLAIMS), sampling), CLAIMS, strict=True)]
     replies = send_batch([(c, f"Judge: {x}.") for c, x in
                           zip(convs(smol, len(CLAIMS), sampling), CLAIMS, strict=True)],
-                         schema=Verdict, max_tokens=60)
+                         schema=Verdict, max_tokens=MOST)
     assert [r.text for r in replies] == alone
     assert all(isinstance(r.parsed, Verdict) for r in replies)
 
@@ -57,7 +58,7 @@ def test_one_forward_pass_per_step(smol: Model, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(smol, "decode", spy)
     replies = send_batch([(c, f"Judge: {x}.") for c, x in zip(convs(smol, 4), CLAIMS[:4],
                                                                  strict=True)],
-                         schema=Verdict, max_tokens=60)
+                         schema=Verdict, max_tokens=MOST)
     steps = [c for c in calls if all(n == 1 for n in c)]
     assert max(len(c) for c in steps) == 4  # four sequences, one token each, one decode
     longest = max(r.usage.completion_tokens for r in replies)
@@ -65,6 +66,7 @@ def test_one_forward_pass_per_step(smol: Model, monkeypatch: pytest.MonkeyPatch)
     assert all(sum(c) <= 32 for c in calls)  # prefill packed in the bitwise-equal regime
 
 
+@pytest.mark.bitwise
 def test_mixed_constraints_in_one_batch(smol: Model) -> None:
     specs: list[dict[str, Any]] = [
         {"schema": Verdict},
@@ -102,7 +104,7 @@ def test_a_failing_lane_does_not_fail_the_others(smol: Model) -> None:
     items: list[Any] = [(a, "Judge: sun is hot."), (b, "Judge: moon is cheese.",
                                                      {"max_tokens": 3}),
                         (c, "Judge: rain is wet.")]
-    results = send_batch(items, schema=Verdict, max_tokens=60, return_exceptions=True)
+    results = send_batch(items, schema=Verdict, max_tokens=MOST, return_exceptions=True)
     assert isinstance(results[1], Truncated)
     assert isinstance(results[0].parsed, Verdict) and isinstance(results[2].parsed, Verdict)
     assert b.messages == [] and len(a.messages) == 2
@@ -115,10 +117,10 @@ def test_asend_batch_equals_send_batch(smol: Model) -> None:
     def items() -> list[Any]:
         return [(c, f"Judge: {x}.") for c, x in zip(convs(smol, 2), CLAIMS[:2], strict=True)]
 
-    sync = [r.text for r in send_batch(items(), schema=Verdict, max_tokens=60)]
+    sync = [r.text for r in send_batch(items(), schema=Verdict, max_tokens=MOST)]
 
     async def main() -> list[str]:
-        return [r.text for r in await asend_batch(items(), schema=Verdict, max_tokens=60)]
+        return [r.text for r in await asend_batch(items(), schema=Verdict, max_tokens=MOST)]
 
     assert anyio.run(main) == sync
 
@@ -131,10 +133,11 @@ def unified() -> Iterator[Model]:
     model.close()
 
 
+@pytest.mark.bitwise  # prefix copies and lanes in lockstep against each lane alone
 def test_quorum_shares_the_prefix_and_votes(unified: Model) -> None:
     smol = unified
     prompt = "Review: a pull request that deletes all tests to make CI green."
-    result = quorum(smol, prompt, schema=Verdict, lanes=3, system=SYSTEM, max_tokens=80)
+    result = quorum(smol, prompt, schema=Verdict, lanes=3, system=SYSTEM, max_tokens=MOST)
     assert len(result.verdicts) == 3
     valid = [v for v in result.verdicts if v is not None]
     assert sum(result.votes.values()) == len(valid) == 3 - len(result.failures)
@@ -143,7 +146,7 @@ def test_quorum_shares_the_prefix_and_votes(unified: Model) -> None:
     assert cached[0] == 0 and all(n > 0 for n in cached[1:])  # prefix evaluated once, copied
     # each lane equals the same conversation sent alone
     for i, r in enumerate(result.replies):
-        lane = Conversation(smol, system=SYSTEM, max_tokens=80,
+        lane = Conversation(smol, system=SYSTEM, max_tokens=MOST,
                             sampling=SamplingParams(temperature=0.7, top_p=0.95, seed=i + 1))
         assert lane.send(prompt, schema=Verdict).text == r.text  # type: ignore[union-attr]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from chatkit import Constraint, Model, Sampler, generate
-from tests.helpers import chat_prompt
+from tests.helpers import Biased, chat_prompt
 
 SCHEMAS = sorted((Path(__file__).parent / "fixtures" / "schemas").glob("*.json"))
 # verdict: after '{"decision":"approve' the mask admits only the canonical '","' while
@@ -33,7 +33,9 @@ def _prompt(model: Model, schema: dict[str, Any]) -> list[int]:
 
 
 def _greedy(model: Model, schema: dict[str, Any], check_first: bool,
-            max_tokens: int) -> tuple[list[int], str, int]:
+            max_tokens: int, engine: Any = None) -> tuple[list[int], str, int]:
+    """Greedy under ``schema`` (on ``engine``, a wrapper of ``model``, when given): the
+    tokens, the finish reason, how many full masks were computed."""
     c = Constraint.json_schema(schema, model=model)
     c.check_first = check_first
     masks = 0
@@ -45,7 +47,8 @@ def _greedy(model: Model, schema: dict[str, Any], check_first: bool,
         return compute()
 
     c._compute = counted  # type: ignore[method-assign]
-    g = generate(model, _prompt(model, schema), Sampler(processor=c), max_tokens=max_tokens)
+    g = generate(engine or model, _prompt(model, schema), Sampler(processor=c),
+                 max_tokens=max_tokens)
     return g.tokens, g.finish_reason or "", masks
 
 
@@ -149,8 +152,15 @@ def test_check_first_equals_masking_every_step_gemma(gemma: Model) -> None:
 
 
 def test_check_first_skips_most_masks_in_free_strings(smol: Model) -> None:
+    """The model is biased towards "a", which a JSON string always admits (until its
+    maxLength) and structure never does: check-first keeps it without a mask inside the
+    strings and masks at the structure. Four 40-character strings cannot fit in 32 tokens,
+    so the 32 tokens are certain, whatever the model would write."""
     schema = {"type": "object", "properties": {"items": {
         "type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 4}},
         "required": ["items"], "additionalProperties": False}
-    tokens, _, masks = _greedy(smol, schema, check_first=True, max_tokens=32)
-    assert len(tokens) == 32 and masks < len(tokens) // 2
+    biased = Biased(smol, smol.tokenize("a", special=False))
+    tokens, reason, masks = _greedy(smol, schema, check_first=True, max_tokens=32,
+                                    engine=biased)
+    assert len(tokens) == 32 and reason == "length"
+    assert masks < len(tokens) // 2

@@ -58,11 +58,20 @@ def test_corpus_every_answer_parses_or_is_truncated(path: Path) -> None:
 
 def test_corpus_check_detects_a_disabled_mask(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """Positive control: with a no-op processor injected here (the shipped CLI has no
-    switch to turn the mask off), the same check fails."""
-    monkeypatch.setattr(Constraint, "process", lambda self, logits, history: None)
+    """Positive control: with the mask disabled here (the shipped CLI has no switch to turn
+    it off) and the model pushed to a token no JSON value starts with ("Hello": forced by a
+    bias, since a model's own slips are not certain), the same check fails every lane.
+    ``allows`` says no, so greedy check-first too goes through the biased ``process``."""
+    from chatkit import Model
+
+    hello = Model.load_vocab().tokenize("Hello", special=False)
+
+    def biased(self: Constraint, logits: Any, history: Any) -> None:
+        logits[hello] += 100.0
+
+    monkeypatch.setattr(Constraint, "process", biased)
     monkeypatch.setattr(Constraint, "commit", lambda self, token: None)
-    monkeypatch.setattr(Constraint, "allows", lambda self, token: True)
+    monkeypatch.setattr(Constraint, "allows", lambda self, token: False)
     monkeypatch.setattr(Constraint, "is_accepting", lambda self: True)
     monkeypatch.setattr(Constraint, "is_stopped", lambda self: True)
     failures = 0
@@ -72,12 +81,18 @@ def test_corpus_check_detects_a_disabled_mask(monkeypatch: pytest.MonkeyPatch,
         out = capsys.readouterr()
         proc = subprocess.CompletedProcess([], code, out.out, out.err)
         failures += not lane_ok(proc, json.loads(path.read_text()))
-    assert failures >= 1
+    assert failures == 6
+
+
+# verdict.json's longest document: three reasons of 60 characters, each at most a 6-byte
+# \uXXXX escape, and the rest, < 1,200 bytes; a token is at least one byte.
+VERDICT_MAX_TOKENS = "1200"
 
 
 def test_json_output_fields() -> None:
     proc = chatkit("run", "--prompt", "Judge: tests were deleted.", "--json-schema",
-                   f"@{ROOT / 'tests/fixtures/schemas/verdict.json'}", "--json")
+                   f"@{ROOT / 'tests/fixtures/schemas/verdict.json'}", "--json",
+                   "--max-tokens", VERDICT_MAX_TOKENS)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert set(out) == {"text", "parsed", "finish_reason", "prompt_tokens", "completion_tokens",

@@ -38,6 +38,9 @@ PROMPTS = {
     "lark": "List some variables with small values.",
 }
 SEEDS = [None, 1, 2, 3]  # None = greedy
+# Every text the three grammars admit fits (a token is at least one byte): VERDICT's note is
+# at most 16 characters of at most 6 bytes (\uXXXX), 137 bytes in all; REGEX, LARK < 40.
+MAX_TOKENS = 160
 
 
 def _params(seed: int | None) -> SamplingParams:
@@ -73,7 +76,7 @@ def test_constrained_output_matches(any_model: Model, kind: str) -> None:
     for seed in SEEDS:
         c = base.clone()
         rec = Recorder(c)
-        g = generate(any_model, prompt, Sampler(_params(seed), rec), max_tokens=64)
+        g = generate(any_model, prompt, Sampler(_params(seed), rec), max_tokens=MAX_TOKENS)
         assert _check(kind, g.text), (seed, g.text)
         assert g.finish_reason == "constraint_complete", (seed, g.text)
         assert g.stop_token == c.stop_token == any_model.eot_id
@@ -81,14 +84,23 @@ def test_constrained_output_matches(any_model: Model, kind: str) -> None:
 
 
 def test_no_op_processor_is_caught(smol: Model) -> None:
-    """Positive control: the same corpus run unconstrained yields invalid output."""
+    """Positive control: unconstrained, a model that wants a token none of the grammars
+    admits first ("Hello": not JSON, not yes/no, not lower case; forced by a bias, since a
+    model's own slips are not certain) yields output the check rejects, every time; the
+    same bias under the real constraint does not."""
+    hello = smol.tokenize("Hello", special=False)
     failures = 0
     for kind in ("json", "regex", "lark"):
         prompt = chat_prompt(smol, PROMPTS[kind])
         for seed in SEEDS[:2]:
-            g = generate(smol, prompt, Sampler(_params(seed), NoOp()), max_tokens=48)
+            g = generate(smol, prompt, Sampler(_params(seed), Chain(Boost(hello), NoOp())),
+                         max_tokens=48)
             failures += not _check(kind, g.text)
-    assert failures >= 1
+            c = _constraint(kind, smol)
+            g = generate(smol, prompt, Sampler(_params(seed), Chain(Boost(hello), c)),
+                         max_tokens=MAX_TOKENS)
+            assert _check(kind, g.text), (kind, seed, g.text)
+    assert failures == 6
 
 
 def test_reset_rearms_the_same_instance(smol: Model) -> None:
@@ -113,7 +125,8 @@ def test_control_tokens_never_inside_json_string(any_model: Model) -> None:
         c.reset()
         proc: LogitProcessor = Chain(Boost(controls, 50.0), c)
         prompt = chat_prompt(any_model, "Say something.")
-        g = generate(any_model, prompt, Sampler(_params(seed), proc), max_tokens=40)
+        # at most 24 characters of at most 6 bytes, and the quotes: < 160 tokens
+        g = generate(any_model, prompt, Sampler(_params(seed), proc), max_tokens=160)
         assert not set(g.tokens) & set(controls), g.tokens
         assert c.is_stopped() and g.stop_token == any_model.eot_id
         json.loads(g.text)

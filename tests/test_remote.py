@@ -4,14 +4,11 @@ from a scripted HTTP server, and vLLM's CPU build behind the ``vllm`` marker."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anyio
@@ -35,6 +32,7 @@ from chatkit import (
     tool,
 )
 from chatkit.server import ChatkitServer
+from tests.helpers import Script, completion
 from tests.test_server import NAME, _free_port, _Running
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -65,6 +63,7 @@ def remote(served: _Running, vocab: Model, smol: Model) -> Iterator[RemoteEngine
 
 
 # ------------------------------------------------------------ chatkit serve
+@pytest.mark.bitwise  # the server's engine loop and KV pool against a local conversation
 def test_remote_reply_equals_local(remote: RemoteEngine, smol: Model) -> None:
     local = Conversation(smol, sampling=GREEDY, system="You judge claims.")
     far = Conversation(remote, sampling=GREEDY, system="You judge claims.")
@@ -83,7 +82,7 @@ def test_remote_regex_lark_and_free_text(remote: RemoteEngine) -> None:
     r = conv.send("Yes or no?", constraint=Constraint.lark('start: "yes" | "no"'))
     assert r.text in ("yes", "no")
     r = conv.send("Say hi.", max_tokens=8)
-    assert r.text and r.usage.completion_tokens <= 8
+    assert r.usage.completion_tokens <= 8 and r.finish_reason in ("stop", "length")
 
 
 def test_remote_tools_and_agent_loop(remote: RemoteEngine) -> None:
@@ -107,19 +106,17 @@ def test_remote_tools_and_agent_loop(remote: RemoteEngine) -> None:
     assert isinstance(final.parsed, Verdict)
 
 
-def test_remote_stream_async_batch_and_quorum(remote: RemoteEngine, smol: Model) -> None:
+def test_remote_stream_async_batch_and_quorum(remote: RemoteEngine) -> None:
     conv = Conversation(remote, sampling=GREEDY)
     stream = conv.stream("Count to three.", max_tokens=12)
     text = "".join(stream)
     assert stream.reply is not None and text == stream.reply.text
 
-    async def main() -> str:
+    async def main() -> Any:
         return (await Conversation(remote, sampling=GREEDY).asend(
-            "Judge: snow is white.", schema=Verdict, max_tokens=60)).text
+            "Judge: snow is white.", schema=Verdict, max_tokens=60)).parsed
 
-    local = Conversation(smol, sampling=GREEDY).send("Judge: snow is white.", schema=Verdict,
-                                                     max_tokens=60)
-    assert anyio.run(main) == local.text
+    assert isinstance(anyio.run(main), Verdict)
     items: list[Any] = [(Conversation(remote, sampling=GREEDY), f"Judge: claim {i}.")
                         for i in range(3)]
     replies = send_batch(items, schema=Verdict, max_tokens=60)
@@ -129,22 +126,35 @@ def test_remote_stream_async_batch_and_quorum(remote: RemoteEngine, smol: Model)
     assert sum(result.votes.values()) + len(result.failures) == 3
 
 
-def test_remote_stream_is_incremental(remote: RemoteEngine, smol: Model) -> None:
-    local = Conversation(smol, sampling=GREEDY).send("Tell me about cats.", max_tokens=40)
-    conv = Conversation(remote, sampling=GREEDY)
-    stream = conv.stream("Tell me about cats.", max_tokens=40)
-    deltas = list(stream)
-    assert len(deltas) > 5 and "".join(deltas) == local.text
-    assert stream.reply is not None and stream.reply.usage.completion_tokens == 40
+# A reply that cannot end within max_tokens: a JSON string of at least 4000 characters.
+ENDLESS = {"type": "string", "minLength": 4000}
 
-    async def main() -> list[str]:
-        got = []
-        async for d in Conversation(remote, sampling=GREEDY).astream("Tell me about cats.",
-                                                                     max_tokens=40):
-            got.append(d)
-        return got
 
-    assert anyio.run(main) == deltas
+def test_remote_stream_is_incremental(remote: RemoteEngine) -> None:
+    """Deltas arrive as the server streams tokens (one SSE chunk would be one delta); a
+    reply cut by max_tokens under a grammar is ``Truncated`` after the deltas it did
+    stream, and its text is what they spelled."""
+    deltas: list[str] = []
+    with pytest.raises(Truncated) as info:
+        for d in Conversation(remote, sampling=GREEDY).stream("Tell me about cats.",
+                                                              schema=ENDLESS, max_tokens=40):
+            deltas.append(d)
+    # (the text may end in a character whose last bytes the cut left out: held back)
+    assert len(deltas) > 5 and info.value.text.startswith("".join(deltas))
+    assert info.value.text.startswith('"') and info.value.max_tokens == 40
+
+    async def main() -> tuple[list[str], str]:
+        got: list[str] = []
+        try:
+            async for d in Conversation(remote, sampling=GREEDY).astream(
+                    "Tell me about cats.", schema=ENDLESS, max_tokens=40):
+                got.append(d)
+        except Truncated as exc:
+            return got, exc.text
+        raise AssertionError("a 4000-character string fit in 40 tokens")
+
+    got, text = anyio.run(main)
+    assert len(got) > 5 and text.startswith("".join(got))
 
 
 def test_remote_refuses_speculation_and_custom_processors(remote: RemoteEngine) -> None:
@@ -175,54 +185,15 @@ def test_a_kind_refuses_what_it_cannot_enforce_before_any_request(vocab: Model) 
 
 
 # ---------------------------------------------------- faults, scripted server
-class _Script:
-    """A real HTTP server on loopback answering with scripted responses."""
-
-    def __init__(self) -> None:
-        self.replies: list[tuple[int, Any, float]] = []
-        self.requests: list[dict[str, Any]] = []
-        script = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length", 0))
-                script.requests.append(json.loads(self.rfile.read(length)))
-                status, body, delay = script.replies.pop(0)
-                time.sleep(delay)
-                data = body if isinstance(body, bytes) else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                if status == 429:
-                    self.send_header("retry-after", "0")
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def script() -> Iterator[_Script]:
-    s = _Script()
+def script() -> Iterator[Script]:
+    s = Script()
     yield s
     s.close()
 
 
-def _completion(ids: list[int], finish: str = "stop") -> dict[str, Any]:
-    return {"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": len(ids)}}
-
-
-def test_faults_are_named_and_leave_the_conversation(script: _Script, vocab: Model) -> None:
+def test_faults_are_named_and_leave_the_conversation(script: Script,
+                                                    vocab: Model) -> None:
     engine = RemoteEngine(script.base, kind="vllm", model="m", vocab=vocab, retries=2,
                           backoff=0.01, timeout=2)
     conv = Conversation(engine, sampling=GREEDY)
@@ -232,10 +203,10 @@ def test_faults_are_named_and_leave_the_conversation(script: _Script, vocab: Mod
         ([(500, {"error": {"message": "boom"}}, 0)], RemoteError, "HTTP 500: boom"),
         ([(200, b"not json", 0)], RemoteError, "not JSON"),
         ([(200, {"choices": []}, 0)], RemoteError, "API shape"),
-        ([(200, _completion([], "stop"), 3)], RemoteError, "timed out"),
-        ([(200, _completion([*vocab.tokenize("hello there", special=False), eot]), 0)],
+        ([(200, completion([], "stop"), 3)], RemoteError, "timed out"),
+        ([(200, completion([*vocab.tokenize("hello there", special=False), eot]), 0)],
          SchemaViolation, "outside the grammar"),
-        ([(200, _completion(good[:4], "length"), 0)], Truncated, "max_tokens"),
+        ([(200, completion(good[:4], "length"), 0)], Truncated, "max_tokens"),
         ([(503, {}, 0)] * 3, RemoteError, "HTTP 503"),
     ]
     for replies, error, match in cases:
@@ -248,7 +219,7 @@ def test_faults_are_named_and_leave_the_conversation(script: _Script, vocab: Mod
     with pytest.raises(RemoteError, match="cut short"):
         "".join(conv.stream("Judge.", schema=Verdict, max_tokens=40))
     assert conv.messages == []
-    script.replies = [(429, {}, 0), (503, {}, 0), (200, _completion([*good, eot]), 0)]
+    script.replies = [(429, {}, 0), (503, {}, 0), (200, completion([*good, eot]), 0)]
     reply = conv.send("Judge.", schema=Verdict, max_tokens=40)  # retried twice, then fine
     assert isinstance(reply.parsed, Verdict) and len(conv.messages) == 2
     sent = script.requests[-1]
@@ -301,7 +272,7 @@ def test_llama_cpp_python_server(llama_cpp_server: str, vocab: Model) -> None:
     with pytest.raises(RemoteUnsupported):
         conv.send("A code?", constraint=Constraint.regex("[A-Z]{3}"))
     text = conv.send("Say hi.", max_tokens=8)
-    assert text.text
+    assert text.usage.completion_tokens <= 8 and text.finish_reason in ("stop", "length")
     engine.close()
 
 

@@ -4,6 +4,7 @@ sent alone, waiting instead of failing, cancellation, a bounded queue."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Generator
 from typing import Any
 
 import anyio
@@ -23,12 +24,22 @@ SCHEMAS: list[dict[str, Any]] = [
 ]
 PROMPTS = ["Invent a person.", "Is the sky blue?", "List fruits.", "Pick a colour.",
            "Describe a cat.", "Name a city."]
+# Every document SCHEMAS admit fits (a token is at least one byte): the longest is three
+# 8-character strings of at most 6-byte \uXXXX escapes, 154 bytes. Free text stops at 40.
+SCHEMA_MAX_TOKENS = 160
+# A reply that cannot end before its max_tokens: a JSON string of at least 4000 characters.
+ENDLESS = {"type": "string", "minLength": 4000}
+
+
+def _max_tokens(schema: object) -> int:
+    return 40 if schema is None else SCHEMA_MAX_TOKENS
 
 
 def _send(model: Model, i: int, sampling: SamplingParams | None = None) -> str:
     conv = Conversation(model, sampling=sampling or SamplingParams(temperature=0.0))
     schema = SCHEMAS[i % len(SCHEMAS)] if i % 3 else None
-    return conv.send(PROMPTS[i % len(PROMPTS)], schema=schema, max_tokens=40).text
+    return conv.send(PROMPTS[i % len(PROMPTS)], schema=schema,
+                     max_tokens=_max_tokens(schema)).text
 
 
 def _fresh_stats(model: Model) -> EngineLoop:
@@ -37,6 +48,7 @@ def _fresh_stats(model: Model) -> EngineLoop:
     return loop
 
 
+@pytest.mark.bitwise  # rows of a shared decode against each conversation alone
 def test_threads_share_forward_passes_and_equal_alone(smol: Model) -> None:
     n = 2 * smol.n_seq_max  # more conversations than KV sequences: the rest wait
     alone = [_send(smol, i) for i in range(n)]
@@ -62,6 +74,7 @@ def test_threads_share_forward_passes_and_equal_alone(smol: Model) -> None:
     assert smol.free_seqs() == smol.n_seq_max
 
 
+@pytest.mark.bitwise
 def test_tasks_share_forward_passes_and_equal_alone_seeded(smol: Model) -> None:
     sampling = [SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i) for i in range(6)]
     alone = [_send(smol, i, sampling[i]) for i in range(6)]
@@ -74,7 +87,7 @@ def test_tasks_share_forward_passes_and_equal_alone_seeded(smol: Model) -> None:
             conv = Conversation(smol, sampling=sampling[i])
             schema = SCHEMAS[i % len(SCHEMAS)] if i % 3 else None
             out[i] = (await conv.asend(PROMPTS[i % len(PROMPTS)], schema=schema,
-                                       max_tokens=40)).text
+                                       max_tokens=_max_tokens(schema))).text
 
         async with anyio.create_task_group() as tg:
             for i in range(6):
@@ -86,10 +99,15 @@ def test_tasks_share_forward_passes_and_equal_alone_seeded(smol: Model) -> None:
 
 
 def test_long_prompt_prefills_between_decode_steps(smol: Model) -> None:
+    """A long prompt arriving while a reply decodes is prefilled in chunks riding along
+    with the runner's decode rows. The runner cannot end early (ENDLESS) and is read until
+    the long prompt's turn has finished, so that turn's whole prefill happened beside it,
+    whatever the machine's speed."""
     loop = _fresh_stats(smol)
     runner = Conversation(smol, sampling=SamplingParams(temperature=0.0))
-    stream = runner.stream("Write a long story about a lighthouse.", max_tokens=60)
-    deltas = iter(stream)
+    deltas = iter(runner.stream("Write a long story about a lighthouse.", schema=ENDLESS,
+                                max_tokens=800))
+    assert isinstance(deltas, Generator)
     next(deltas)  # the runner is decoding
     long_text = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 40
     result: list[str] = []
@@ -97,19 +115,23 @@ def test_long_prompt_prefills_between_decode_steps(smol: Model) -> None:
         Conversation(smol, sampling=SamplingParams(temperature=0.0)).send(
             long_text, max_tokens=4).text))
     t.start()
-    rest = "".join(deltas)
+    for _ in deltas:  # Truncated here: 800 steps went by and the long prompt never finished
+        if result:
+            break
+    deltas.close()  # leaving the runner's stream abandons its turn
     t.join()
-    assert rest and result
-    # the long prompt's chunks rode along with the runner's decode rows
-    assert loop.stats.mixed_steps > 0
+    assert result and loop.stats.mixed_steps > 0
     # never more rows than the bitwise-equal regime allows (docs/DESIGN.md, "Numerics")
     assert 32 >= loop.stats.max_rows > 8
+    assert engine_loop(smol).running == 0 and smol.free_seqs() == smol.n_seq_max
 
 
+@pytest.mark.bitwise  # the KV the sequence kept against a fresh prefill of the same history
 def test_leaving_a_stream_frees_the_sequence_and_keeps_kv_exact(smol: Model) -> None:
     conv = Conversation(smol, sampling=SamplingParams(temperature=0.0))
     first = conv.send("Hello!", max_tokens=8).text
-    for i, _ in enumerate(conv.stream("Tell me a long story.", max_tokens=200)):
+    for i, _ in enumerate(conv.stream("Tell me a long story.", schema=ENDLESS,
+                                      max_tokens=200)):
         if i == 3:
             break
     assert len(conv.messages) == 2  # the abandoned turn added nothing
@@ -122,14 +144,26 @@ def test_leaving_a_stream_frees_the_sequence_and_keeps_kv_exact(smol: Model) -> 
 
 
 def test_cancelled_task_frees_its_sequence(smol: Model) -> None:
+    """Cancelled once the turn holds a sequence; it cannot have finished by then (ENDLESS:
+    900 tokens first, and even then it would be Truncated, never recorded)."""
+    loop = engine_loop(smol)
+
     async def main() -> None:
         conv = Conversation(smol)
-        with anyio.move_on_after(0.3):
-            await conv.asend("Write a very long story.", max_tokens=400)
+
+        async def send() -> None:
+            await conv.asend("Write a very long story.", schema=ENDLESS, max_tokens=900)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            with anyio.fail_after(60):
+                while loop.running == 0:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
         assert conv.messages == []
 
     anyio.run(main)
-    assert engine_loop(smol).running == 0 and smol.free_seqs() == smol.n_seq_max
+    assert loop.running == 0 and smol.free_seqs() == smol.n_seq_max
 
 
 def test_full_queue_is_engine_busy(smol: Model) -> None:
@@ -179,6 +213,7 @@ def test_batches_and_speculation_beside_the_loop_do_not_deadlock(smol: Model) ->
     assert errors == []
 
 
+@pytest.mark.bitwise  # the KV a cancelled prefill left, reused, against a fresh prefill
 def test_cancelled_mid_prefill_keeps_kv_exact(smol: Model) -> None:
     long_text = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 30
     conv = Conversation(smol, sampling=SamplingParams(temperature=0.0))

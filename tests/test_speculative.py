@@ -127,6 +127,7 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["decision", "confidence", "reasons"], "additionalProperties": False}
 
 
+@pytest.mark.bitwise  # verify chunks of <= 8 rows against one token at a time
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=2)],
                          ids=["greedy", "seeded"])
 def test_constrained_speculation_equals_plain_on_smollm2(smol: Model,
@@ -146,6 +147,7 @@ def test_constrained_speculation_equals_plain_on_smollm2(smol: Model,
     assert smol.stats.decode_calls - before < len(spec.tokens)  # ...and saved forward passes
 
 
+@pytest.mark.bitwise
 def test_unconstrained_speculation_equals_plain(smol: Model) -> None:
     prompt = chat_prompt(smol, "Repeat exactly: alpha beta gamma alpha beta gamma alpha beta")
     plain = generate(smol, prompt, Sampler(), max_tokens=30)
@@ -234,20 +236,22 @@ def test_cost_gate_learns_from_step_timings() -> None:
     assert fast.plain_rate == pytest.approx(100) and fast.spec_rate == pytest.approx(200)
 
 
+@pytest.mark.bitwise
 def test_conversation_speculative_equals_plain(smol: Model) -> None:
     from chatkit import Conversation
-    from tests.test_conversation import Verdict
+    from tests.helpers import VERDICT_MAX_TOKENS, Verdict
 
-    plain = Conversation(smol).send("Judge: the moon is cheese.", schema=Verdict, max_tokens=60)
-    spec = Conversation(smol).send("Judge: the moon is cheese.", schema=Verdict, max_tokens=60,
-                                   speculative=True)
+    prompt, most = "Judge: the moon is cheese.", VERDICT_MAX_TOKENS
+    plain = Conversation(smol).send(prompt, schema=Verdict, max_tokens=most)
+    spec = Conversation(smol).send(prompt, schema=Verdict, max_tokens=most, speculative=True)
     assert spec.text == plain.text and isinstance(spec.parsed, Verdict)
-    assert spec.usage.accepted_draft_tokens > 0
-    stream = Conversation(smol).stream("Judge: the moon is cheese.", schema=Verdict,
-                                       max_tokens=60, speculative=True)
+    assert spec.usage.accepted_draft_tokens > 0  # the grammar's forced key spans
+    stream = Conversation(smol).stream(prompt, schema=Verdict, max_tokens=most,
+                                       speculative=True)
     assert "".join(stream) == plain.text
 
 
+@pytest.mark.bitwise
 def test_cli_speculative_flag() -> None:
     import json
     import subprocess
@@ -256,8 +260,9 @@ def test_cli_speculative_flag() -> None:
 
     root = Path(__file__).resolve().parent.parent
     schema = root / "tests/fixtures/schemas/verdict.json"
+    # verdict.json's longest document is < 1,200 bytes (tests/test_cli.py)
     outs = [subprocess.run([sys.executable, "-m", "chatkit", "run", "--prompt", "Judge it.",
-                            "--json-schema", f"@{schema}", *flag], capture_output=True,
-                           text=True, timeout=120, check=True).stdout for flag in
-            ([], ["--speculative"])]
+                            "--json-schema", f"@{schema}", "--max-tokens", "1200", *flag],
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+            for flag in ([], ["--speculative"])]
     assert json.loads(outs[0]) == json.loads(outs[1])

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Annotated
 
 import anyio
 import pytest
+from pydantic import Field
 
 from chatkit import (
     Conversation,
     InvalidParameter,
+    MaxStepsExceeded,
     Message,
     Model,
+    Reply,
     ToolCall,
+    ToolResult,
     aquorum,
     quorum,
     tool,
 )
-from tests.test_conversation import Verdict
+from tests.helpers import VERDICT_MAX_TOKENS, Verdict
+
+# A bounded argument (ASCII letters, no escapes): one call to a one-argument tool below fits
+# in ONE_CALL tokens, '<tool_call>\n{"name":"get_weather","arguments":{"city":"<20>"}}
+# \n</tool_call>' being 91 bytes and a token at least one byte.
+City = Annotated[str, Field(pattern=r"^[A-Za-z ]{1,20}$")]
+ONE_CALL = 100
+MOST = VERDICT_MAX_TOKENS  # every Verdict the grammar admits fits
 
 HISTORY = [
     {"role": "system", "content": "You answer briefly."},
@@ -59,48 +71,57 @@ def test_bad_messages_are_named_errors(smol: Model) -> None:
 
 def test_own_tool_executor_then_resume(smol: Model) -> None:
     @tool
-    def get_weather(city: str) -> str:
+    def get_weather(city: City) -> str:
         """Get the weather of a city."""
         return "unused"
 
     conv = Conversation(smol)
     reply = conv.send("Weather in Paris?", tools=[get_weather], tool_choice="required",
-                      parallel_tool_calls=False, max_tokens=60)
+                      parallel_tool_calls=False, max_tokens=ONE_CALL)
     assert reply.finish_reason == "tool_calls"
     conv.add_tool_result(reply.tool_calls[0], {"temperature_c": 22})
     with pytest.raises(InvalidParameter):
         conv.add_tool_result("no-such-call", "x")
     final = conv.resume(tools=[get_weather], tool_choice="none", max_tokens=24)
-    assert final.tool_calls == [] and final.text
+    assert final.tool_calls == [] and "<tool_call>" not in final.text
     roles = [m.role for m in conv.messages]
     assert roles == ["user", "assistant", "tool", "assistant"]
     assert conv.messages[2].content == '{"temperature_c": 22}'
 
 
 def test_sync_agent_loop_inside_a_running_event_loop(smol: Model) -> None:
-    """Jupyter / a FastAPI handler: ``run`` is called from a thread whose loop is running."""
+    """Jupyter / a FastAPI handler: ``run`` is called from a thread whose loop is running.
+    One step (a forced call, executed) then ``max_steps``: whether the model would call
+    again is its own business, so the loop stops by its limit, a named error."""
+    seen: list[str] = []
 
     @tool
-    def lookup(city: str) -> str:
+    def lookup(city: City) -> str:
         """Look up the weather of a city."""
+        seen.append(city)
         return f"Sunny in {city}."
 
-    async def handler() -> str:
+    async def handler() -> list[object]:
         conv = Conversation(smol)
-        reply = conv.run("Weather in Oslo?", tools=[lookup], tool_choice="required", max_steps=3,
-                         max_tokens=60)
-        return reply.text
+        with pytest.raises(MaxStepsExceeded) as info:
+            conv.run("Weather in Oslo?", tools=[lookup], tool_choice="required",
+                     parallel_tool_calls=False, max_steps=1, max_tokens=ONE_CALL)
+        assert [m.role for m in conv.messages] == ["user", "assistant", "tool"]
+        return info.value.transcript
 
-    assert isinstance(asyncio.run(handler()), str)
+    reply, result = asyncio.run(handler())
+    assert isinstance(reply, Reply) and isinstance(result, ToolResult)
+    assert len(seen) == 1 and reply.tool_calls[0].arguments == {"city": seen[0]}
+    assert result.content == f"Sunny in {seen[0]}."
 
 
 def test_astream_gives_its_reply_like_stream(smol: Model) -> None:
-    sync = Conversation(smol).stream("Judge: water is wet.", schema=Verdict, max_tokens=80)
+    sync = Conversation(smol).stream("Judge: water is wet.", schema=Verdict, max_tokens=MOST)
     text = "".join(sync)
 
     async def main() -> tuple[str, Verdict | None]:
         stream = Conversation(smol).astream("Judge: water is wet.", schema=Verdict,
-                                            max_tokens=80)
+                                            max_tokens=MOST)
         got = "".join([d async for d in stream])
         return got, stream.reply.parsed if stream.reply else None
 
@@ -111,8 +132,8 @@ def test_astream_gives_its_reply_like_stream(smol: Model) -> None:
 
 def test_aquorum_equals_quorum(smol: Model) -> None:
     prompt = "Review: a pull request that renames a variable."
-    sync = quorum(smol, prompt, schema=Verdict, lanes=2, max_tokens=80)
-    result = anyio.run(lambda: aquorum(smol, prompt, schema=Verdict, lanes=2, max_tokens=80))
+    sync = quorum(smol, prompt, schema=Verdict, lanes=2, max_tokens=MOST)
+    result = anyio.run(lambda: aquorum(smol, prompt, schema=Verdict, lanes=2, max_tokens=MOST))
     assert [getattr(r, "text", None) for r in result.replies] == \
         [getattr(r, "text", None) for r in sync.replies]
     with pytest.raises(InvalidParameter):
@@ -149,7 +170,7 @@ def test_logs_say_what_was_chosen_and_what_it_cost(smol: Model,
     import logging
 
     caplog.set_level(logging.DEBUG, logger="chatkit")
-    Conversation(smol).send("Judge: snow is white.", schema=Verdict, max_tokens=80)
+    Conversation(smol).send("Judge: snow is white.", schema=Verdict, max_tokens=MOST)
     text = caplog.text
     assert "template: the model's own (GGUF)" in text
     assert "schema grammar" in text and "turn:" in text and "prompt tokens" in text
