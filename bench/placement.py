@@ -6,9 +6,10 @@
 kernels (they crash: README, "Build options"). The extra buffer types also hold llama.cpp's
 repacked weights (Q4_0, Q4_K, IQ4_NL in 8-row interleaved layouts for AVX2/AVX-512), so
 turning them off costs what repacking gains. For both models, in one run, configurations
-interleaved within each repetition (medians reported): prefill tok/s (a 256-token prompt in
-one ``llama_decode``) and decode tok/s (64 tokens, one at a time, greedy argmax), with
-``extra_buffer_types`` True and False, and, where the build offloads, on the GPU too.
+interleaved within each repetition, in alternating order (medians reported): prefill tok/s
+(a 256-token prompt in one ``llama_decode``) and decode tok/s (64 tokens, one at a time,
+greedy argmax), with ``extra_buffer_types`` True and False, and, where the build offloads,
+on the GPU too.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def main() -> None:
         results: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in configs}
         for label, _ in configs:  # warm-up
             measure(models[label])
-        for _ in range(args.reps):
-            for label, _ in configs:
+        for rep in range(args.reps):  # the order alternates, so neither goes first always
+            for label, _ in (configs if rep % 2 == 0 else configs[::-1]):
                 results[label].append(measure(models[label]))
         base: tuple[float, float] | None = None
         for label, _ in configs:

@@ -15,7 +15,7 @@ build), same machine, one run, greedy. Workloads: the fixture schemas, and tool 
 Per path: outputs valid (schema-valid JSON; a call to an offered tool with schema-valid
 arguments, and, for required/named, a call at all), requests refused by name (an HTTP 4xx
 or a chatkit refusal), silently unenforced (a 200 whose output is invalid), cut at
-max_tokens, p50 latency and output tokens/s. vLLM must be started first (README,
+max_tokens, p50 latency and output tokens/s. vLLM must be started first (docs/remote.md,
 "Scale-out"), with ``--enable-auto-tool-choice --tool-call-parser hermes`` for its own
 tool calls (without them it refuses every tools request); nothing else should run
 meanwhile.
@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     args = ap.parse_args()
     if not args.url:
-        raise SystemExit("start vLLM and pass --url (or CHATKIT_VLLM_URL); README, Scale-out")
+        raise SystemExit("start vLLM and pass --url (or CHATKIT_VLLM_URL); docs/remote.md")
     path = default_model_path()
     print(f"{date.today()}, {platform.machine()}, {os.cpu_count()} cores, SmolLM2-135M, "
           f"greedy, max_tokens {args.max_tokens}, vLLM at {args.url}; load average "

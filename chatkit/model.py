@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 # llama.cpp's CPU threads meet at an OpenMP barrier after every operation, and libgomp's
 # waiting threads spin 300,000 times first: with other processes on the CPU, a spinning
 # thread holds the core the working one needs, and a 48-token reply took 45 s instead of
-# 1 s here (README, "Threads"). 1,000 spins keeps a quiet machine's speed and stays within
+# 1 s here (docs/running.md, "Threads"). 1,000 spins keeps a quiet machine's speed and stays within
 # ~3x under contention. Read when libgomp loads, so set before llama_cpp is imported; a
 # value the user set wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
@@ -78,7 +78,7 @@ _log = logging.getLogger("chatkit")
 
 
 def default_threads() -> int:
-    """llama.cpp threads when ``n_threads`` is not given (see README, "Threads")."""
+    """llama.cpp threads when ``n_threads`` is not given (see docs/running.md, "Threads")."""
     return max(1, (os.cpu_count() or 1))
 
 
@@ -370,12 +370,12 @@ class Model:
         By default each of the ``n_seq_max`` KV sequences has its own stream of
         ``n_ctx / n_seq_max`` cells (``n_ctx_seq``): a conversation's logits then do not
         depend on what other conversations hold, so replies are the same alone, from
-        threads, tasks or batches (README, "Reproducibility"). ``kv_unified=True`` shares
-        one pool of ``n_ctx`` cells and allows prefix copies between sequences (quorum
-        lanes evaluate their shared prompt once), at the cost of last-bit differences
-        that can flip near-ties. ``n_threads`` defaults to every core (README,
-        "Threads"). ``progress(fraction)`` is called as the weights load (0.0 to 1.0;
-        returning False cancels the load: ``ModelLoadError``). Every parameter is
+        threads, tasks or batches on the CPU backend (docs/running.md, "Reproducibility").
+        ``kv_unified=True`` shares one pool of ``n_ctx`` cells and allows prefix copies
+        between sequences (quorum lanes evaluate their shared prompt once), at the cost of
+        last-bit differences that can flip near-ties. ``n_threads`` defaults to every core
+        (docs/running.md, "Threads"). ``progress(fraction)`` is called as the weights load
+        (0.0 to 1.0; returning False cancels the load: ``ModelLoadError``). Every parameter is
         checked (``InvalidParameter``) before llama.cpp sees it. Raises
         ``ModelNotFound`` (default model not installed) or ``ModelLoadError`` (missing,
         unreadable or corrupt file). Costs about 0.1-0.5 s for the small models.

@@ -25,7 +25,7 @@ def gemma_path() -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``bitwise`` compare two decode paths token for token (batch and alone,
     speculative and plain, concurrent and alone). That equality is a property of the CPU
-    backend's numerics in the regimes chatkit keeps to (README, "Reproducibility"); a GPU
+    backend's numerics in the regimes chatkit keeps to (docs/running.md, "Reproducibility"); a GPU
     backend's kernels pick different reductions per batch shape, so there they are skipped
     with that reason (``bench reproducible`` measures what holds on a given build)."""
     from chatkit import build_info
