@@ -32,6 +32,7 @@ from .errors import (
     ToolArgumentsInvalid,
     ToolDefinitionError,
     ToolFormatUnsupported,
+    ToolServerError,
     Truncated,
     UserError,
 )
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         StepEngine,
         Vocabulary,
     )
+    from .mcp import MCPToolset
     from .messages import FinishReason, Message, Reply, Role, ToolCall, Usage
     from .model import Model, Placement, build_info
     from .quorum import QuorumOptions, QuorumResult, aquorum, quorum
@@ -98,6 +100,7 @@ _LAZY = {
     "Role": "messages",
     "ToolCall": "messages",
     "Usage": "messages",
+    "MCPToolset": "mcp",
     "Model": "model",
     "Placement": "model",
     "build_info": "model",
@@ -183,6 +186,7 @@ __all__ = [
     "GrammarProcessor",
     "InvalidParameter",
     "LogitProcessor",
+    "MCPToolset",
     "MaxStepsExceeded",
     "Message",
     "Model",
@@ -220,6 +224,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolFormatUnsupported",
     "ToolResult",
+    "ToolServerError",
     "Truncated",
     "TurnOptions",
     "Usage",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .concurrency import run_coroutine_sync
-from .errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError
+from .errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError, ToolServerError
 from .messages import Reply, ToolCall
 from .tools.definition import ModelRetry, Tool, check_tools
 from .turn import SchemaArg, TurnOptions
@@ -68,6 +68,13 @@ def agent_steps(text: str, *, max_steps: int, schema: SchemaArg,
         raise InvalidParameter("max_steps", f"must be >= 1, got {max_steps}")
     transcript: list[Any] = []
     message: str | None = text
+    # A tool_call_threshold beside a forced first call is for the "auto" turns after it.
+    threshold = options.get("tool_call_threshold")
+    if threshold is not None and options.get("tool_choice") not in (None, "auto", "none"):
+        options = TurnOptions(**{k: v for k, v in options.items()
+                                 if k != "tool_call_threshold"})  # type: ignore[typeddict-item]
+    else:
+        threshold = None
     for _ in range(max_steps):
         reply: Reply[Any] = yield _Send(message, schema, options)
         transcript.append(reply)
@@ -80,6 +87,9 @@ def agent_steps(text: str, *, max_steps: int, schema: SchemaArg,
             # As the OpenAI Agents SDK's reset_tool_choice: a forced choice applies to the
             # first call only, else "required" would loop until max_steps.
             options = TurnOptions(**{**options, "tool_choice": "auto"})
+            if threshold is not None:
+                options["tool_call_threshold"] = threshold
+                threshold = None
     raise MaxStepsExceeded(max_steps, transcript)
 
 
@@ -94,12 +104,15 @@ def _render(value: Any) -> str:
 
 
 async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> list[ToolResult]:
-    """Run the calls concurrently; every call yields a result (errors included)."""
+    """Run the calls concurrently; every call yields a result (errors included), except
+    that a tool server whose session is gone (``ToolServerError``, an MCP server) is
+    raised once every call has ended: the loop cannot go on without it."""
     import anyio  # here: a process without tools never imports anyio
     import anyio.to_thread
 
     by_name = {t.name: t for t in tools}
     results: list[ToolResult | None] = [None] * len(calls)
+    gone: list[ToolServerError] = []
 
     async def one(i: int, call: ToolCall) -> None:
         t = by_name[call.name]
@@ -118,6 +131,8 @@ async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> lis
         except TimeoutError:
             results[i] = ToolResult(call, _render({"error": f"timed out after {t.timeout} s"}),
                                     True, started, time.perf_counter())
+        except ToolServerError as exc:
+            gone.append(exc)
         except Exception as exc:  # a failing tool is reported to the model, not raised
             results[i] = ToolResult(call, _render({"error": f"{type(exc).__name__}: {exc}"}),
                                     True, started, time.perf_counter())
@@ -125,6 +140,8 @@ async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> lis
     async with anyio.create_task_group() as tg:
         for i, call in enumerate(calls):
             tg.start_soon(one, i, call)
+    if gone:
+        raise gone[0]
     return [r for r in results if r is not None]
 
 

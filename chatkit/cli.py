@@ -113,6 +113,13 @@ def _run(args: argparse.Namespace) -> int:
     constraint = _constraint(args)
     if constraint is not None and args.stop:
         raise UsageError("--stop ends free text; a constraint ends itself")
+    if args.mcp and constraint is not None and constraint.kind != "json_schema":
+        raise UsageError("--mcp answers free text or --json-schema (the agent loop's final "
+                         "answer), not --regex or --lark")
+    if (args.tool_choice or args.max_steps or args.tool_call_threshold is not None
+            ) and not args.mcp:
+        raise UsageError("--tool-choice, --tool-call-threshold and --max-steps need --mcp "
+                         "(the agent loop)")
 
     from .conversation import Conversation
     from .model import Model
@@ -123,7 +130,9 @@ def _run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
                         stop=args.stop or (), max_tokens=args.max_tokens)
-    if constraint is not None and constraint.kind == "json_schema":
+    if args.mcp:
+        reply = _run_agent(args, conv, prompt, constraint)
+    elif constraint is not None and constraint.kind == "json_schema":
         reply = conv.send(prompt, schema=constraint, speculative=args.speculative)
     else:
         reply = conv.send(prompt, constraint=constraint, speculative=args.speculative)
@@ -137,10 +146,39 @@ def _run(args: argparse.Namespace) -> int:
             "model": model.name,
             "seconds": round(time.perf_counter() - started, 3),
         }
+        if args.mcp:
+            out["tool_results"] = [{"name": m.name, "content": m.content}
+                                   for m in conv.messages if m.role == "tool"]
         sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write(reply.text + "\n")
     return 0
+
+
+def _run_agent(args: argparse.Namespace, conv: Any, prompt: str,
+               constraint: Constraint | None) -> Any:
+    """The agent loop over the ``--mcp`` servers' tools; every server is stopped on the
+    way out, whatever happens (an error, Ctrl-C)."""
+    import contextlib
+    import os
+
+    from .mcp import MCPToolset
+
+    with contextlib.ExitStack() as stack:
+        quiet = None if args.debug else stack.enter_context(open(os.devnull, "w"))
+        tools: list[Any] = []
+        for target in args.mcp:
+            server = (MCPToolset.http(target) if target.startswith(("http://", "https://"))
+                      else MCPToolset.stdio(target, stderr=quiet))
+            stack.enter_context(server)
+            tools += server.tools()
+        options: dict[str, Any] = {"tools": tools}
+        if args.tool_choice:
+            options["tool_choice"] = args.tool_choice
+        if args.tool_call_threshold is not None:
+            options["tool_call_threshold"] = args.tool_call_threshold
+        schema = constraint.source if constraint is not None else None  # the checked dict
+        return conv.run(prompt, schema=schema, max_steps=args.max_steps or 8, **options)
 
 
 def _tty_progress(what: str) -> Callable[[float], None] | None:
@@ -275,8 +313,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--speculative", action="store_true",
                      help="grammar-drafted speculative decoding (same output, fewer passes)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.add_argument("--mcp", action="append", metavar="COMMAND|URL",
+                     help="an MCP server's tools for the agent loop: a command (started over "
+                          "stdio) or an http(s) URL (streamable HTTP); repeatable")
+    run.add_argument("--tool-choice", default=None,
+                     help="with --mcp: auto (default), required, none, or a tool's name "
+                          "(the first call only)")
+    run.add_argument("--tool-call-threshold", type=float, default=None, metavar="P",
+                     help="with --mcp: the probability of a call's opening at which 'auto' "
+                          "calls (0: always, 1: never; default 0.004 on models without a "
+                          "tool format)")
+    run.add_argument("--max-steps", type=_positive_int, default=None,
+                     help="with --mcp: model turns before MaxStepsExceeded (default 8)")
     _placement_flags(run)
-    run.add_argument("--debug", action="store_true", help="show tracebacks")
+    run.add_argument("--debug", action="store_true", help="show tracebacks and MCP "
+                     "servers' logs")
     run.set_defaults(func=_run)
     srv = sub.add_parser("serve", help="an OpenAI-compatible server (needs chatkit[serve])")
     srv.add_argument("--model", help="GGUF path (default: the embedded SmolLM2)")

@@ -22,6 +22,7 @@ code: context travels as attributes, and each class carries the exit code the
     │   ├── DecodeError (22)         llama_decode failed (context full, ...)
     │   ├── EngineBusy (23)          the engine loop's queue is full, or no KV sequence came free
     │   └── RemoteError (24)         a remote engine failed: down, timeout, 5xx, bad body (url)
+    ├── ToolServerError (25)         an MCP tool server is unreachable or its session gone (server)
     └── GenerationError              what the model produced cannot be returned as a success
         ├── AllTokensMasked (30)     the processor left no selectable token
         ├── ConstraintError (31)     the grammar matcher entered an error state (message)
@@ -61,6 +62,7 @@ __all__ = [
     "ToolArgumentsInvalid",
     "ToolDefinitionError",
     "ToolFormatUnsupported",
+    "ToolServerError",
     "Truncated",
     "UserError",
 ]
@@ -229,6 +231,20 @@ class RemoteError(ModelError):
         self.url = url
         self.reason = reason
         self.status = status
+
+
+class ToolServerError(ChatkitError):
+    """An MCP tool server could not be started or reached, or its session is gone (its
+    process died, the connection closed) while the agent loop needed it (``server``: the
+    command or URL). A tool's own failure is not this: the model sees it as an error
+    response."""
+
+    exit_code = 25
+
+    def __init__(self, server: str, reason: str) -> None:
+        super().__init__(f"MCP server {server}: {reason}")
+        self.server = server
+        self.reason = reason
 
 
 class GenerationError(ChatkitError):

@@ -16,9 +16,9 @@ def run(name: str) -> str:
 
 
 def test_every_example_is_covered() -> None:
-    assert EXAMPLES == ["demo.py", "extraction.py", "multi_turn.py", "quorum_lanes.py",
-                        "tools_agent.py", "tools_parallel.py", "tools_pydantic.py",
-                        "verdict_lane.py"]
+    assert EXAMPLES == ["demo.py", "extraction.py", "mcp_tools.py", "multi_turn.py",
+                        "quorum_lanes.py", "tools_agent.py", "tools_parallel.py",
+                        "tools_pydantic.py", "verdict_lane.py"]
 
 
 def test_demo_prints_a_schema_valid_reply() -> None:
@@ -80,3 +80,12 @@ def test_tools_parallel() -> None:
     out = run("tools_parallel.py")
     n = int(out.split(" calls:")[0])
     assert 1 <= n <= 3 and out.count("-> 22 C in") == n
+
+
+def test_mcp_tools() -> None:
+    """The MCP example: a real MCP server (the example itself, over stdio), its tool
+    called, the result fed back, an answer under a schema; no server left running."""
+    out = run("mcp_tools.py")
+    assert out.startswith("tool forecast: ") and "Bergen" in out
+    answer = next(line for line in out.splitlines() if line.startswith("answer: Plan("))
+    assert "umbrella=" in answer

@@ -60,6 +60,7 @@ PYTHON = {
     "tour": "class Verdict(BaseModel):",
     "batch": "from chatkit import send_batch, quorum",
     "tools": "from chatkit import MaxStepsExceeded, tool",
+    "mcp": "from chatkit import MCPToolset",
     "speculative": "speculative=True",
     "gpu": "model.placement.reason",
     "openai": "from openai import OpenAI",
@@ -104,7 +105,7 @@ def _exec(name: str, namespace: dict[str, Any], replace: dict[str, str] | None =
 def guide() -> dict[str, Any]:
     """The tour's namespace after the tour, batch, tools and speculative blocks ran."""
     namespace: dict[str, Any] = {"__name__": "readme"}
-    for name in ("tour", "batch", "tools", "speculative"):
+    for name in ("tour", "batch", "tools", "mcp", "speculative"):
         _exec(name, namespace)
     return namespace
 
@@ -123,6 +124,8 @@ def test_tour_blocks_run_in_order(guide: dict[str, Any]) -> None:
     assert result.decision in {"approve", "reject", "abstain"} or result.tie
     assert guide["answer"] is None or isinstance(guide["answer"], Reply)
     assert guide["final"].finish_reason  # resume after the executor's results
+    calls = [m for m in guide["trip"].messages if m.role == "tool"]
+    assert calls and calls[0].name == "forecast"  # the MCP tool ran, its result fed back
     assert isinstance(guide["reply"].parsed, verdict)  # the speculative send
 
 
