@@ -214,6 +214,15 @@ class Constraint:
         self._prepared = prepare_bitmask(words, self.model.n_vocab)
         self._has_prepared = True
 
+    def check_start(self) -> None:
+        """Compute the first mask now (kept for the first step) and refuse by name a grammar
+        that errors there: one that compiles but is too large to run (llguidance's limits
+        on expressions or items), or whose language is empty (``GrammarInvalid``, or the
+        schema's refusal). A server calls it before it answers 200. Bound constraints in
+        their initial state only."""
+        self._live()  # a mask computed in the background has finished with the matcher
+        self._first_mask()
+
     def _matcher_refusal(self, message: str) -> Exception:
         if self.kind == "json_schema" and isinstance(self.source, dict | bool):
             return schema_refusal(self.source, message)

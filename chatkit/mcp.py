@@ -26,7 +26,6 @@ server: the agent loop stops there.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import json
 import logging
@@ -146,30 +145,18 @@ class MCPToolset:
             self.close()
             raise ToolServerError(self.name, f"could not connect: {_describe(failure)}"
                                   ) from failure
-        self._finalizer = weakref.finalize(self, MCPToolset._shutdown, self._loop, self._stop,
+        # runs on garbage collection, or at interpreter exit while the toolset lives
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._stop,
                                            self._thread)
-        atexit.register(self._finalizer)
         _log.info("MCP server %s: connected", self.name)
         return self
 
     def close(self) -> None:
         """End the session and stop the server's process (idempotent; waits for it)."""
         if self._finalizer is not None:
-            atexit.unregister(self._finalizer)
             self._finalizer.detach()
             self._finalizer = None
-        MCPToolset._shutdown(self._loop, self._stop, self._thread)
-
-    @staticmethod
-    def _shutdown(loop: asyncio.AbstractEventLoop | None, stop: asyncio.Event | None,
-                  thread: threading.Thread | None) -> None:
-        if loop is not None and stop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30)
+        _shutdown(self._loop, self._stop, self._thread)
 
     def __enter__(self) -> MCPToolset:
         return self.open()
@@ -407,6 +394,19 @@ class MCPToolError(Exception):
     def __init__(self, tool: str, message: str) -> None:
         super().__init__(message)
         self.tool = tool
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop | None, stop: asyncio.Event | None,
+              thread: threading.Thread | None) -> None:
+    """Ask the session's loop to end the session, and wait for its thread (a module
+    function: the finalizer must not hold the toolset)."""
+    if loop is not None and stop is not None and not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(stop.set)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=30)
 
 
 def _describe(exc: BaseException | None) -> str:

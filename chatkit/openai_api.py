@@ -34,6 +34,7 @@ from .errors import (
     UserError,
 )
 from .messages import FinishReason, Message, Reply, messages_from_openai
+from .sampling import SamplingParams
 from .tools.definition import Tool
 
 __all__: list[str] = []
@@ -74,6 +75,37 @@ class RequestError(Exception):
 
 def bad(message: str, param: str | None = None, code: str = "invalid_value") -> RequestError:
     return RequestError(400, message, param=param, code=code)
+
+
+MAX_BODY_DEPTH = 64
+"""Deepest nesting of arrays and objects a request body may have (a JSON Schema nesting 32
+subschemas, chatkit's own limit, is about 70 levels of JSON: bodies past 64 are refused)."""
+
+
+def check_body(body: Any) -> None:
+    """Refuse by name (400) a body nested deeper than ``MAX_BODY_DEPTH`` or holding a string
+    that is not valid Unicode (a lone surrogate such as ``\\ud800``, which JSON can spell
+    but no model can be given). One walk, iterative."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad(f"invalid Unicode at {path or '/'}: a lone surrogate",
+                          path.lstrip("/").replace("/", ".") or None,
+                          "invalid_unicode") from None
+        elif isinstance(value, dict | list):
+            if depth >= MAX_BODY_DEPTH:
+                raise bad(f"the body nests deeper than {MAX_BODY_DEPTH} levels",
+                          code="body_too_deep")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                where = f"{path}/{key}"
+                if isinstance(key, str):
+                    stack.append((key, where, depth + 1))
+                stack.append((item, where, depth + 1))
 
 
 def translate_error(exc: BaseException, *, schema_param: str = "response_format"
@@ -130,10 +162,23 @@ class Sampling:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    """vLLM's multiplicative penalty (chatkit's ``repeat_penalty``)."""
 
     def seed_for(self, lane: int) -> int | None:
         """Lanes of ``n`` > 1 get one seed each (seed + lane)."""
         return None if self.seed is None else self.seed + lane
+
+    def params(self, lane: int) -> SamplingParams:
+        """The library's sampling parameters for lane ``lane``. Penalties look at the last
+        64 tokens (``SamplingParams.penalty_window``), prompt included, as llama.cpp's
+        server does; OpenAI counts the completion's tokens only."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                              seed=self.seed_for(lane), presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty,
+                              repeat_penalty=self.repetition_penalty)
 
 
 @dataclass
@@ -217,8 +262,15 @@ def _sampling(body: Mapping[str, Any], limits: ServerLimits) -> Sampling:
     s.temperature, s.top_p = float(temperature), float(top_p)
     s.seed = _get(body, "seed", int)
     for key in ("presence_penalty", "frequency_penalty"):
-        if _get(body, key, (int, float), 0) != 0:
-            raise bad(f"{key} is not supported", key, "unsupported_parameter")
+        value = _get(body, key, (int, float), 0)
+        if not -2 <= value <= 2:
+            raise bad(f"{key} must be in [-2, 2], got {value}", key)
+        setattr(s, key, float(value))
+    repetition = _get(body, "repetition_penalty", (int, float), 1.0)
+    if not 0 < repetition <= 10:
+        raise bad(f"repetition_penalty must be in (0, 10], got {repetition}",
+                  "repetition_penalty")
+    s.repetition_penalty = float(repetition)
     stop = body.get("stop")
     if isinstance(stop, str):
         s.stop = (stop,) if stop else ()

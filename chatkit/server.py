@@ -34,12 +34,14 @@ from .engine import StepEngine
 from .errors import ContextOverflow, EngineBusy, Truncated
 from .messages import Reply
 from .openai_api import (
+    MAX_BODY_DEPTH,
     ChatRequest,
     CompletionRequest,
     RequestError,
     ServerLimits,
     assistant_message,
     bad,
+    check_body,
     finish_reason,
     new_id,
     now,
@@ -48,7 +50,7 @@ from .openai_api import (
     translate_error,
     usage_body,
 )
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler
 from .scheduler import Ticket, engine_loop
 from .turn import KVState, Turn, TurnOptions, common_prefix, plan_completion
 
@@ -174,9 +176,14 @@ class ChatkitServer:
                 raise RequestError(413, f"the body exceeds {limit} bytes",
                                    code="body_too_large")
         try:
-            return json.loads(data)
+            body = json.loads(data)
+        except RecursionError:
+            raise bad(f"the body nests deeper than {MAX_BODY_DEPTH} levels",
+                      code="body_too_deep") from None
         except ValueError as exc:
             raise bad(f"the body is not JSON: {exc}") from exc
+        check_body(body)
+        return body
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.name:
@@ -187,8 +194,7 @@ class ChatkitServer:
     def _plan_chat_lane(self, req: ChatRequest, lane: int) -> Turn:
         s = req.sampling
         conv = Conversation(self.model, messages=req.history, no_think=req.no_think,
-                            sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p,
-                                                    seed=s.seed_for(lane)),
+                            sampling=s.params(lane),
                             stop=s.stop, max_tokens=s.max_tokens or self.limits.max_tokens)
         options: TurnOptions = {}
         if req.tools:
@@ -196,13 +202,14 @@ class ChatkitServer:
             options["tool_choice"] = req.tool_choice
             options["parallel_tool_calls"] = req.parallel_tool_calls
         try:
-            return conv.plan(req.text, req.schema, **options)
+            turn = conv.plan(req.text, req.schema, **options)
         except ContextOverflow as exc:
             room = exc.n_ctx - exc.prompt_tokens
             if s.max_tokens is not None or room < 1:
                 raise
             conv.max_tokens = room  # the default max_tokens shrinks to what fits
-            return conv.plan(req.text, req.schema, **options)
+            turn = conv.plan(req.text, req.schema, **options)
+        return _checked_start(turn)
 
     def _plan_completion_lane(self, req: CompletionRequest, lane: int) -> Turn:
         model = self.model
@@ -215,11 +222,10 @@ class ChatkitServer:
             constraint = Constraint.regex(text) if kind == "regex" else Constraint.lark(text)
         max_tokens = s.max_tokens or min(self.limits.max_tokens,
                                          max(1, model.n_ctx_seq - len(prompt)))
-        plan = plan_completion(model, prompt, sampler=Sampler(SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, seed=s.seed_for(lane))),
+        plan = plan_completion(model, prompt, sampler=Sampler(s.params(lane)),
             max_tokens=max_tokens, schema=req.schema, constraint=constraint,
             stop=s.stop or None)
-        return Turn(model, plan, KVState(owner=0), lambda added: None)
+        return _checked_start(Turn(model, plan, KVState(owner=0), lambda added: None))
 
     async def _start(self, plan_lane: Callable[[int], Turn], n: int) -> list[_Lane]:
         """Plan every lane (refusals: 400 before any token), borrow KV claims, submit."""
@@ -453,3 +459,12 @@ def serve(model: StepEngine, *, name: str, host: str = "127.0.0.1", port: int = 
     server = ChatkitServer(model, name=name, api_key=api_key, limits=limits,
                            max_queue=max_queue)
     uvicorn.run(server.app, host=host, port=port, log_level="info", access_log=False)
+
+
+def _checked_start(turn: Turn) -> Turn:
+    """A grammar that compiles but fails at its first token (too large for llguidance's
+    limits) is the request's fault: refused now, a 400, instead of a 500 after the 200."""
+    constraint = turn.plan.constraint
+    if constraint is not None:
+        constraint.check_start()
+    return turn

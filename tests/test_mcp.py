@@ -245,3 +245,29 @@ def test_mcp_options_without_mcp_are_usage_errors(capsys: pytest.CaptureFixture[
 
     assert main(["run", "--prompt", "x", "--tool-choice", "add"]) == 2
     assert "need --mcp" in capsys.readouterr().err
+
+
+def test_ctrl_c_leaves_no_server_behind(no_leftover_server: None) -> None:
+    """A process that opened a toolset without ``with`` and is interrupted: the server's
+    process ends with it (the toolset closes at interpreter exit), even a server that does
+    not exit by itself when its stdin closes."""
+    import signal
+
+    script = ("import sys, time\n"
+              "from chatkit import MCPToolset\n"
+              f"server = MCPToolset.stdio({[*COMMAND, '--linger']!r}).open()\n"
+              "server.tools()\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert server_processes()  # the server runs
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -83,10 +84,34 @@ def test_sampling_fields() -> None:
         0.5, 0.9, 3, 2, ("END",), 7)
     assert s.stream and s.include_usage and s.seed_for(1) == 4
     for key, value in (("temperature", -1), ("top_p", 0), ("n", 0), ("seed", "x"),
-                       ("max_tokens", 0), ("stream", "yes"), ("frequency_penalty", 1)):
+                       ("max_tokens", 0), ("stream", "yes"), ("frequency_penalty", 2.5),
+                       ("presence_penalty", -3), ("repetition_penalty", 0),
+                       ("frequency_penalty", "x")):
         with pytest.raises(RequestError) as info:
             chat(**{key: value})
         assert info.value.param == key
+
+
+def test_penalties_reach_the_sampler() -> None:
+    s = chat(presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.3).sampling
+    params = s.params(0)
+    assert (params.presence_penalty, params.frequency_penalty, params.repeat_penalty) == (
+        0.5, -1.0, 1.3)
+    assert params.has_penalties and not chat().sampling.params(0).has_penalties
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    (json.loads("[" * 65 + "]" * 65), "body_too_deep"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "invalid_unicode"),
+    ({"messages": [{"role": "user", "content": "x", "\udfff": 1}]}, "invalid_unicode"),
+])
+def test_bodies_a_model_cannot_take_are_named(body: Any, code: str) -> None:
+    from chatkit.openai_api import check_body
+
+    with pytest.raises(RequestError) as info:
+        check_body(body)
+    assert info.value.status == 400 and info.value.code == code
+    check_body({"messages": [{"role": "user", "content": "fine \u00e9"}]})
 
 
 def test_completion_constraints() -> None:

@@ -1,0 +1,110 @@
+"""``chatkit serve`` under hostile and unusual request bodies: every client-caused failure is a
+4xx naming the problem, never a 5xx, and the server stays healthy; sampling penalties reach
+the sampler. A real uvicorn server on loopback (tests/test_server.py's harness)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chatkit import Model
+from chatkit.openai_api import ServerLimits
+from chatkit.server import ChatkitServer
+from tests.test_server import _Running
+
+NAME = "smollm2"
+
+
+@pytest.fixture(scope="module")
+def base(smol: Model) -> Iterator[str]:
+    limits = ServerLimits(max_body_bytes=200_000, max_tokens=512, max_n=4)
+    with _Running(ChatkitServer(smol, name=NAME, limits=limits)) as running:
+        yield running.base
+
+
+def post(base: str, path: str, content: bytes | str) -> httpx.Response:
+    data = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else content
+    return httpx.post(base + path, content=data, timeout=120,
+                      headers={"content-type": "application/json"})
+
+
+def chat_body(**extra: Any) -> dict[str, Any]:
+    return {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            **extra}
+
+
+@pytest.mark.parametrize(("name", "raw", "code"), [
+    ("100,000 levels deep", "[" * 100_000 + "]" * 100_000, "body_too_deep"),
+    ("65 levels deep", json.dumps(chat_body(metadata=json.loads("[" * 65 + "]" * 65))),
+     "body_too_deep"),
+    ("a lone surrogate", json.dumps(chat_body()).replace('"Hi"', '"Hi \\ud800"'),
+     "invalid_unicode"),
+])
+def test_bodies_are_refused_by_name(base: str, name: str, raw: str, code: str) -> None:
+    r = post(base, "/v1/chat/completions", raw)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == code
+    assert httpx.get(base + "/health").status_code == 200
+
+
+def test_a_grammar_that_fails_at_its_first_token_is_a_400(base: str) -> None:
+    """It compiles, then llguidance gives up building the first mask: the request's fault,
+    refused before the 200 (it was a 500 after it)."""
+    body = {"model": NAME, "prompt": "x", "max_tokens": 4,
+            "structured_outputs": {"regex": "(.{1,1000}){1,1000}"}}
+    r = post(base, "/v1/completions", json.dumps(body))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "grammar_invalid"
+    stream = post(base, "/v1/completions", json.dumps({**body, "stream": True}))
+    assert stream.status_code == 400
+
+
+def test_penalties_change_what_is_written(base: str) -> None:
+    prompt = "cat cat cat cat cat cat cat cat cat cat cat cat"
+    texts = []
+    for penalty in (0.0, 2.0):
+        body = {"model": NAME, "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                "frequency_penalty": penalty}
+        r = post(base, "/v1/completions", json.dumps(body))
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["choices"][0]["text"])
+    assert texts[0] != texts[1]  # the repeated token costs 2 logits per use: it gives way
+
+
+# Generated bodies: any JSON (deep, wide, odd types) in the fields a client sends.
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70)
+    | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12)
+_FIELDS = ["messages", "model", "temperature", "top_p", "n", "stop", "seed", "tools",
+           "tool_choice", "response_format", "max_tokens", "max_completion_tokens", "stream",
+           "frequency_penalty", "presence_penalty", "logprobs", "parallel_tool_calls",
+           "stream_options", "reasoning_effort", "chat_template_kwargs", "user"]
+_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant",
+                                                           "tool", "x"]) | _json,
+                                  "content": st.text(max_size=30) | _json})
+_body = st.one_of(
+    _json,
+    st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=6),
+    st.fixed_dictionaries({"model": st.just(NAME), "messages": st.lists(_message, max_size=3)},
+                          optional={k: _json for k in _FIELDS[2:]}),
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(body=_body)
+def test_no_generated_body_gets_a_5xx(base: str, body: Any) -> None:
+    if isinstance(body, dict) and not {"max_tokens", "max_completion_tokens"} & set(body):
+        body = {**body, "max_tokens": 2}  # a valid body answers quickly
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = post(base, path, json.dumps(body))
+        assert r.status_code < 500, (path, body, r.text)
