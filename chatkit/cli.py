@@ -267,11 +267,15 @@ def _serve(args: argparse.Namespace) -> int:
     from .openai_api import ServerLimits
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=args.n_seq_max,
+    n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq
+    model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
                        **_placement(args))
+    origin = (f"--n-ctx {args.n_ctx} shared by --n-seq-max {args.n_seq_max}"
+              if args.n_ctx is not None else
+              f"--ctx-per-seq {args.ctx_per_seq} for each of --n-seq-max {args.n_seq_max}")
     name = args.name or Path(str(model.path)).stem
-    limits = ServerLimits(max_tokens=args.max_tokens_cap)
+    limits = ServerLimits(max_tokens=args.max_tokens_cap, context_source=origin)
     serve(model, name=name, host=args.host, port=args.port,
           api_key=args.api_key or os.environ.get("CHATKIT_API_KEY") or None, limits=limits,
           max_queue=args.max_queue)
@@ -335,8 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     srv.add_argument("--port", type=_positive_int, default=8000)
     srv.add_argument("--api-key", help="required bearer token (or $CHATKIT_API_KEY)")
-    srv.add_argument("--n-ctx", type=_positive_int, default=8192,
-                     help="context tokens, shared by the sequences")
+    srv.add_argument("--ctx-per-seq", type=_positive_int, default=4096,
+                     help="context tokens of each sequence (default 4096: an agent's tools, "
+                          "output type and history fit)")
+    srv.add_argument("--n-ctx", type=_positive_int, default=None,
+                     help="context tokens in all, shared by the sequences (default: "
+                          "--n-seq-max x --ctx-per-seq)")
     srv.add_argument("--n-seq-max", type=_positive_int, default=4,
                      help="KV sequences: turns decoded together")
     srv.add_argument("--max-queue", type=_positive_int, default=64,

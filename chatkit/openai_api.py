@@ -52,6 +52,9 @@ class ServerLimits:
     max_n: int = 8
     request_timeout: float = 600.0
     """Seconds from admission to the last token; then 504 (or an error event)."""
+    context_source: str = ""
+    """Where each sequence's context size came from, for context errors (``chatkit serve``
+    says which flags)."""
 
 
 class RequestError(Exception):

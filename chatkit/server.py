@@ -155,14 +155,16 @@ class ChatkitServer:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"status": "ok", "model": self.name, "running": self.loop.running,
-                             "queued": self.loop.queued})
+                             "queued": self.loop.queued,
+                             "context_per_sequence": self.model.n_ctx_seq,
+                             "sequences": self.model.n_seq_max})
 
     async def models(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"object": "list", "data": [
             {"id": self.name, "object": "model", "created": self.created,
-             "owned_by": "chatkit"}]})
+             "owned_by": "chatkit", "max_model_len": self.model.n_ctx_seq}]})
 
     async def _body(self, request: Request) -> Any:
         limit = self.limits.max_body_bytes
@@ -205,8 +207,16 @@ class ChatkitServer:
             turn = conv.plan(req.text, req.schema, **options)
         except ContextOverflow as exc:
             room = exc.n_ctx - exc.prompt_tokens
-            if s.max_tokens is not None or room < 1:
-                raise
+            source = f" ({self.limits.context_source})" if self.limits.context_source else ""
+            if s.max_tokens is None and room < 1:
+                raise RequestError(400, f"the prompt ({exc.prompt_tokens} tokens) does not fit "
+                                   f"one sequence's context ({exc.n_ctx} tokens{source})",
+                                   param="messages", code="context_length_exceeded") from exc
+            if s.max_tokens is not None:
+                raise RequestError(400, f"the prompt ({exc.prompt_tokens} tokens) plus "
+                                   f"max_tokens ({s.max_tokens}) exceed one sequence's context "
+                                   f"({exc.n_ctx} tokens{source})", param="messages",
+                                   code="context_length_exceeded") from exc
             conv.max_tokens = room  # the default max_tokens shrinks to what fits
             turn = conv.plan(req.text, req.schema, **options)
         return _checked_start(turn)

@@ -108,3 +108,24 @@ def test_no_generated_body_gets_a_5xx(base: str, body: Any) -> None:
     for path in ("/v1/chat/completions", "/v1/completions"):
         r = post(base, path, json.dumps(body))
         assert r.status_code < 500, (path, body, r.text)
+
+
+def test_contexts_are_reported_and_errors_name_their_numbers(smol: Model) -> None:
+    limits = ServerLimits(max_tokens=512, context_source="--ctx-per-seq 1024 for each of 4")
+    with _Running(ChatkitServer(smol, name=NAME, limits=limits)) as running:
+        base = running.base
+        health = httpx.get(base + "/health").json()
+        assert health["context_per_sequence"] == smol.n_ctx_seq
+        assert httpx.get(base + "/v1/models").json()["data"][0]["max_model_len"] == \
+            smol.n_ctx_seq
+        long = {"model": NAME, "messages": [{"role": "user", "content": "word " * 1500}]}
+        r = post(base, "/v1/chat/completions", json.dumps(long))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        message = r.json()["error"]["message"]
+        assert "does not fit one sequence's context" in message
+        assert "max_tokens" not in message  # the request set none
+        assert "--ctx-per-seq 1024" in message
+        short = {"model": NAME, "messages": [{"role": "user", "content": "word " * 700}],
+                 "max_tokens": 500}
+        r = post(base, "/v1/chat/completions", json.dumps(short))
+        assert r.status_code == 400 and "plus max_tokens (500)" in r.json()["error"]["message"]
