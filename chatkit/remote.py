@@ -68,16 +68,99 @@ class Capabilities:
     """Takes llguidance Lark: tools, thinking + schema, regex, Lark and JSON schemas."""
     json_schema: bool
     """Takes a JSON schema."""
+    schema_ignores: frozenset[str] = frozenset()
+    """JSON Schema keywords the server accepts but does not enforce (or rejects): a schema
+    using one is refused before the request, where the server has no grammar."""
+    every_property_required: bool = False
+    """The server's schema mode needs every property required (OpenAI's strict mode)."""
+    string_formats: frozenset[str] | None = None
+    """The ``format`` values it enforces (None: every one chatkit accepts)."""
 
+
+# llama-cpp-python 0.3.36's JSON-schema-to-GBNF converter (llama_cpp/llama_grammar.py,
+# SchemaConverter.visit) reads type, properties, required, additionalProperties, items,
+# prefixItems, minItems, maxItems, enum, const, anyOf / oneOf (as anyOf), $ref, pattern,
+# minLength / maxLength (only without a pattern) and the formats below; everything else
+# is accepted and silently dropped.
+_GBNF_IGNORES = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "minProperties", "maxProperties", "patternProperties", "propertyNames",
+    "dependentRequired", "dependentSchemas", "dependencies", "uniqueItems", "contains",
+    "minContains", "maxContains", "allOf", "not", "if", "then", "else",
+    "unevaluatedProperties", "unevaluatedItems"})
+# OpenAI's structured outputs (strict): "Supported schemas" lists what it takes; these it
+# rejects, and every property must be required.
+_STRICT_REJECTS = frozenset({
+    "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    "dependencies", "patternProperties", "unevaluatedProperties", "unevaluatedItems",
+    "propertyNames", "minProperties", "maxProperties", "uniqueItems", "contains",
+    "minContains", "maxContains"})
 
 CAPABILITIES: dict[str, Capabilities] = {
     "vllm": Capabilities(True, True, True),
     "chatkit": Capabilities(True, True, True),
     "sglang": Capabilities(True, True, True),
     "llama-server": Capabilities(True, True, True),
-    "openai": Capabilities(False, False, True),
-    "llama-cpp-python": Capabilities(False, False, True),
+    "openai": Capabilities(False, False, True, _STRICT_REJECTS, every_property_required=True),
+    "llama-cpp-python": Capabilities(False, False, True, _GBNF_IGNORES,
+                                     string_formats=frozenset({"date", "time", "date-time",
+                                                               "uuid", "uuid1", "uuid2",
+                                                               "uuid3", "uuid4", "uuid5"})),
 }
+
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties",
+                          "dependentSchemas"})
+_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else",
+                         "contains", "propertyNames", "unevaluatedProperties",
+                         "unevaluatedItems", "additionalItems"})
+
+
+def _subschemas(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """(JSON pointer, subschema) for every subschema; data keywords (enum, const, default,
+    examples) are not walked, so a property named ``minimum`` is not the keyword."""
+    if not isinstance(node, dict):
+        return
+    yield path, node
+    for key, value in node.items():
+        here = f"{path}/{key}"
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                yield from _subschemas(sub, f"{here}/{name}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from _subschemas(sub, f"{here}/{i}")
+        elif key in _SCHEMA_ONE:
+            if isinstance(value, list):
+                for i, sub in enumerate(value):
+                    yield from _subschemas(sub, f"{here}/{i}")
+            else:
+                yield from _subschemas(value, here)
+
+
+def schema_refusal(caps: Capabilities, schema: Any) -> str | None:
+    """What in ``schema`` a server of these capabilities would not enforce (None: all of
+    it), as words for ``RemoteUnsupported``."""
+    for path, node in _subschemas(schema):
+        where = path or "/"
+        ignored = sorted(caps.schema_ignores & node.keys())
+        if ignored:
+            return f"the JSON Schema keyword {ignored[0]!r} at {where}"
+        if ("pattern" in node and caps.schema_ignores is _GBNF_IGNORES
+                and {"minLength", "maxLength"} & node.keys()):
+            return f"minLength/maxLength beside a pattern at {where}"
+        fmt = node.get("format")
+        if caps.string_formats is not None and fmt is not None \
+                and fmt not in caps.string_formats:
+            return f"the string format {fmt!r} at {where}"
+        props = node.get("properties")
+        if caps.every_property_required and isinstance(props, dict):
+            required = node.get("required", [])
+            optional = [name for name in props if name not in required]
+            if optional:
+                return (f"the optional property {optional[0]!r} at {where} (strict mode "
+                        "needs every property required)")
+    return None
 
 RETRY_STATUS = frozenset({429, 503})
 MAX_RETRY_WAIT = 30.0
@@ -177,7 +260,10 @@ class RemoteEngine:
         if what is None or caps.grammar:
             return
         if what == "json_schema" and caps.json_schema:
-            return
+            refused = schema_refusal(caps, request.schema)
+            if refused is None:
+                return
+            raise RemoteUnsupported(self.kind, refused)
         names = {"tools": "tool calls (the Hermes tool grammar)",
                  "think+schema": "thinking + schema (one two-phase grammar)",
                  "regex": "a regex", "lark": "a Lark grammar",

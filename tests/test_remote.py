@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
@@ -262,12 +262,22 @@ def llama_cpp_server(smol: Model) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
+class _ServerVerdict(BaseModel):
+    """What llama-cpp-python's server enforces: an enum and a length-bounded string."""
+
+    decision: Literal["approve", "reject"]
+    reason: str = Field(max_length=40)
+
+
 def test_llama_cpp_python_server(llama_cpp_server: str, vocab: Model) -> None:
     engine = RemoteEngine(llama_cpp_server, kind="llama-cpp-python", model="smol",
                           vocab=vocab, n_ctx=2048)
     conv = Conversation(engine, sampling=GREEDY)
-    reply = conv.send("Judge: the sky is blue.", schema=Verdict, max_tokens=80)
-    assert isinstance(reply.parsed, Verdict)
+    # its GBNF conversion drops number bounds: refused by name, nothing sent
+    with pytest.raises(RemoteUnsupported, match="'maximum'"):
+        conv.send("Judge: the sky is blue.", schema=Verdict, max_tokens=80)
+    reply = conv.send("Judge: the sky is blue.", schema=_ServerVerdict, max_tokens=300)
+    assert isinstance(reply.parsed, _ServerVerdict)  # 300 tokens: the longest it allows
     assert reply.usage.prompt_tokens > 0
     with pytest.raises(RemoteUnsupported):
         conv.send("A code?", constraint=Constraint.regex("[A-Z]{3}"))
@@ -306,3 +316,45 @@ def test_vllm_engine(vocab: Model, smol: Model) -> None:
                           for i in range(4)], schema=Verdict, max_tokens=60)
     assert all(isinstance(r.parsed, Verdict) for r in replies)
     engine.close()
+
+
+# ------------------------------------------------------- capabilities, before any request
+class _Bounded(BaseModel):
+    score: int = Field(ge=0, le=10)
+
+
+@pytest.mark.parametrize(("kind", "schema", "named"), [
+    ("llama-cpp-python", _Bounded, "'maximum' at /properties/score"),
+    ("llama-cpp-python", {"type": "object", "properties": {"a": {"type": "integer"}},
+                          "required": ["a"], "minProperties": 1}, "'minProperties' at /"),
+    ("llama-cpp-python", {"type": "object", "properties": {"mail": {
+        "type": "string", "format": "email"}}, "required": ["mail"]}, "format 'email'"),
+    ("llama-cpp-python", {"type": "object", "properties": {"code": {
+        "type": "string", "pattern": "^[A-Z]+$", "maxLength": 4}}, "required": ["code"]},
+     "beside a pattern"),
+    ("openai", {"type": "object", "properties": {"a": {"type": "integer"},
+                                                 "b": {"type": "integer"}},
+                "required": ["a"]}, "optional property 'b'"),
+    ("openai", {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+                           "required": ["a"]}]}, "'allOf' at /"),
+])
+def test_a_schema_the_server_would_not_enforce_is_refused_before_any_request(
+        script: Script, vocab: Model, kind: str, schema: Any, named: str) -> None:
+    engine = RemoteEngine(script.base, kind=kind, model="m", vocab=vocab)
+    with pytest.raises(RemoteUnsupported) as info:
+        Conversation(engine).send("Score it.", schema=schema, max_tokens=32)
+    assert named in str(info.value) and info.value.kind == kind
+    assert script.requests == []  # nothing was sent
+
+
+def test_what_the_server_enforces_is_sent(script: Script, vocab: Model) -> None:
+    """A property named like a keyword is not the keyword; a schema within the server's
+    reach goes out (and its answer is checked as always)."""
+    schema = {"type": "object", "properties": {"minimum": {"type": "string", "maxLength": 8}},
+              "required": ["minimum"]}
+    script.replies.append((200, {"choices": [{"message": {
+        "role": "assistant", "content": '{"minimum":"low"}'}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 5}}, 0.0))
+    engine = RemoteEngine(script.base, kind="llama-cpp-python", model="m", vocab=vocab)
+    reply = Conversation(engine).send("Which?", schema=schema, max_tokens=32)
+    assert reply.parsed == {"minimum": "low"} and len(script.requests) == 1
