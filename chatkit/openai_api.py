@@ -197,6 +197,9 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     no_think: bool = False
     sampling: Sampling = field(default_factory=Sampling)
+    tool_call_threshold: float | None = None
+    """chatkit's extension: how sure the model must be of a call for ``auto`` to call
+    (``tool_choice`` auto only; 1.0: answer in text)."""
 
 
 @dataclass
@@ -411,10 +414,15 @@ def parse_chat(body: Any, limits: ServerLimits) -> ChatRequest:
     choice = _tool_choice(body.get("tool_choice"), tools)
     schema = _response_format(body.get("response_format"))
     parallel = _get(body, "parallel_tool_calls", bool, True)
+    threshold = _get(body, "tool_call_threshold", (int, float))
+    if threshold is not None and not 0 <= threshold <= 1:
+        raise bad(f"tool_call_threshold must be in [0, 1], got {threshold}",
+                  "tool_call_threshold")
     request = ChatRequest(model=_get(body, "model", str), history=head + rest, text=text,
                           schema=schema, tools=tools, tool_choice=choice,
                           parallel_tool_calls=parallel, no_think=_no_think(body),
-                          sampling=_sampling(body, limits))
+                          sampling=_sampling(body, limits),
+                          tool_call_threshold=None if threshold is None else float(threshold))
     if request.sampling.stop and (schema is not None or tools):
         raise bad("stop strings end free text; response_format and tools end themselves",
                   "stop")

@@ -50,6 +50,13 @@ from .openai_api import (
     translate_error,
     usage_body,
 )
+from .responses_api import (
+    ResponseStream,
+    output_items,
+    response_body,
+    to_chat_body,
+    usage_object,
+)
 from .sampling import Sampler
 from .scheduler import Ticket, engine_loop
 from .turn import KVState, Turn, TurnOptions, common_prefix, plan_completion
@@ -126,6 +133,7 @@ class ChatkitServer:
             Route("/v1/models", self._guard(self.models), methods=["GET"]),
             Route("/v1/chat/completions", self._guard(self.chat), methods=["POST"]),
             Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
+            Route("/v1/responses", self._guard(self.responses), methods=["POST"]),
         ])
 
     def _guard(self, handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
@@ -203,6 +211,10 @@ class ChatkitServer:
             options["tools"] = req.tools
             options["tool_choice"] = req.tool_choice
             options["parallel_tool_calls"] = req.parallel_tool_calls
+            if req.tool_call_threshold is not None and req.tool_choice == "auto":
+                # the extension decides "auto" only: a forced or "none" choice has no
+                # first-token decision to make (an agent sends it on every turn)
+                options["tool_call_threshold"] = req.tool_call_threshold
         try:
             turn = conv.plan(req.text, req.schema, **options)
         except ContextOverflow as exc:
@@ -390,6 +402,60 @@ class ChatkitServer:
             _log.error("stream %s failed: %s", rid, err.message)
             yield _sse(err.body())
         yield "data: [DONE]\n\n"
+
+    # ------------------------------------------------------------ responses
+    async def responses(self, request: Request) -> Response:
+        """``POST /v1/responses``: the body translated to a chat request
+        (``responses_api.to_chat_body``), run as one, answered as a ``response`` object or
+        the Responses stream's events."""
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        raw = await self._body(request)
+        req = parse_chat(to_chat_body(raw), self.limits)
+        self._check_model(req.model)
+        try:
+            lanes = await self._start(lambda i: self._plan_chat_lane(req, i), 1)
+        except Exception as exc:
+            raise translate_error(exc, schema_param="text.format") from exc
+        rid, created = new_id("resp"), now()
+        if req.sampling.stream:
+            return StreamingResponse(self._responses_sse(lanes, rid, created, raw),
+                                     media_type="text/event-stream")
+        await self._collect(request, lanes)
+        lane = lanes[0]
+        return JSONResponse(response_body(rid, created, self.name, raw,
+                                          output_items(lane.reply, lane.text),
+                                          self._responses_usage(lanes)))
+
+    def _responses_usage(self, lanes: list[_Lane]) -> dict[str, Any]:
+        chat = self._usage(lanes)
+        return usage_object(chat["prompt_tokens"], chat["completion_tokens"],
+                            chat["prompt_tokens_details"]["cached_tokens"])
+
+    async def _responses_sse(self, lanes: list[_Lane], rid: str, created: int,
+                             raw: Any) -> AsyncIterator[str]:
+        stream = ResponseStream(rid, created, self.name, raw)
+        lane = lanes[0]
+        try:
+            for event in stream.start():
+                yield event
+            async for _, delta in self._events(lanes):
+                if delta is None:
+                    continue
+                if lane.hold:  # tools or a think block: parsed whole at the end
+                    if lane.finish is None:
+                        lane.text += delta
+                    continue
+                for event in stream.delta(delta):
+                    yield event
+            reply = lane.reply
+            held = (reply.text if reply is not None else lane.text) if lane.hold else None
+            for event in stream.finish(reply, held, self._responses_usage(lanes)):
+                yield event
+        except Exception as exc:  # after the 200 went out: response.failed
+            err = translate_error(exc)
+            _log.error("stream %s failed: %s", rid, err.message)
+            yield stream.failed(err)
 
     # ---------------------------------------------------------- completions
     async def completions(self, request: Request) -> Response:
