@@ -59,6 +59,7 @@ from .responses_api import (
 )
 from .sampling import Sampler
 from .scheduler import Ticket, engine_loop
+from .stream_deltas import ReplyDeltas
 from .turn import KVState, Turn, TurnOptions, common_prefix, plan_completion
 
 if TYPE_CHECKING:
@@ -77,10 +78,12 @@ class _Lane:
 
     ticket: Ticket
     hold: bool
-    """Send the text whole at the end (tool-call or think markup is parsed first)."""
+    """The raw text carries markup (tool calls, a think block): parsed, not sent as is."""
     text: str = ""
     reply: Reply[Any] | None = None
     finish: str | None = None
+    deltas: ReplyDeltas | None = None
+    """For a held lane: its markup read as it is written (``stream_deltas``)."""
 
 
 class KVPool:
@@ -263,7 +266,9 @@ class ChatkitServer:
                     raise
                 # the claim comes back when the loop lets go of the turn, whatever happens
                 ticket.on_close.append(functools.partial(self.kv.give_back, turn.kv))
-                lanes.append(_Lane(ticket, hold=bool(turn.plan.tools) or turn.plan.thinking))
+                hold = bool(turn.plan.tools) or turn.plan.thinking
+                lanes.append(_Lane(ticket, hold=hold, deltas=ReplyDeltas(
+                    thinking=turn.plan.thinking, tools=bool(turn.plan.tools)) if hold else None))
         except EngineBusy:
             for lane in lanes:
                 lane.ticket.cancel()
@@ -371,28 +376,19 @@ class ChatkitServer:
             async for i, delta in self._events(lanes):
                 lane = lanes[i]
                 if delta is not None:
-                    if lane.hold:
-                        if lane.finish is None:
-                            lane.text += delta
-                    else:
+                    if lane.deltas is None:
                         yield chunk(i, {"content": delta})
+                    elif lane.finish is None:  # markup read as it is written
+                        for part in lane.deltas.feed(delta):
+                            yield chunk(i, part)
                     continue
                 reply = lane.reply
                 if reply is None:  # cut at max_tokens
-                    if lane.hold and lane.text:
-                        yield chunk(i, {"content": lane.text})
                     yield chunk(i, {}, "length")
                     continue
-                if lane.hold:
-                    message = assistant_message(reply, reply.text)
-                    if message.get("reasoning_content"):
-                        yield chunk(i, {"reasoning_content": message["reasoning_content"]})
-                    if message.get("content"):
-                        yield chunk(i, {"content": message["content"]})
-                    if reply.tool_calls:
-                        yield chunk(i, {"tool_calls": [
-                            {"index": k, **call} for k, call in
-                            enumerate(message["tool_calls"])]})
+                if lane.deltas is not None:  # what the parsed reply says that was not sent
+                    for part in lane.deltas.finish(reply):
+                        yield chunk(i, part)
                 yield chunk(i, {}, finish_reason(reply.finish_reason))
             if req.sampling.include_usage:
                 yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,

@@ -1,0 +1,191 @@
+"""A reply with tools or a think block, streamed as it is written (``chatkit serve``).
+
+The reply's raw text carries markup (``<tool_call>`` blocks of compact JSON, a think block
+closed by ``</think>``). :class:`ReplyDeltas` reads it as it grows and gives OpenAI chat
+deltas: ``reasoning_content``, then ``content``, or ``tool_calls`` (a call's id and name as
+soon as its name is written, then its ``arguments`` in fragments). The grammar guarantees
+that every prefix extends to a valid reply, so nothing is held back but markup that may
+still be forming. :meth:`ReplyDeltas.finish` reconciles with the parsed reply (what the
+stream has not said yet), so the deltas always add up to the final message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any
+
+from .messages import Reply
+from .tools.grammar import CALL_CLOSE, CALL_OPEN
+
+__all__: list[str] = []
+
+THINK_CLOSE = "</think>"
+_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","arguments":')
+
+
+def _held(text: str, marker: str) -> int:
+    """How many trailing characters of ``text`` could be the start of ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _json_end(text: str) -> int | None:
+    """The index just past the JSON value starting ``text`` (compact JSON), None when it
+    has not ended yet."""
+    depth, in_string, escaped = 0, False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                if depth == 0:
+                    return i + 1
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        elif depth == 0 and ch in ",}\n":
+            return i
+    return None
+
+
+class ReplyDeltas:
+    """Incremental OpenAI deltas for one held reply (``thinking``: it opens with a think
+    block; ``tools``: it may be ``<tool_call>`` blocks)."""
+
+    def __init__(self, *, thinking: bool, tools: bool) -> None:
+        self.tools = tools
+        self.phase = "think" if thinking else "body"
+        self.text = ""
+        self.pos = 0
+        self.reasoning = ""
+        self.content = ""
+        self.calls: list[dict[str, Any]] = []
+        """Per announced call: id, name, the arguments streamed, whether they ended."""
+        self.mode: str | None = None  # "content" or "calls", once the body shows which
+
+    def feed(self, delta: str) -> list[dict[str, Any]]:
+        """The deltas ``delta`` (more raw text) makes certain."""
+        self.text += delta
+        out: list[dict[str, Any]] = []
+        while True:
+            step = self._step()
+            if step is None:
+                return out
+            if step:
+                out.append(step)
+
+    def _step(self) -> dict[str, Any] | None:
+        """One delta ({} when something was consumed without one), None: wait for more."""
+        rest = self.text[self.pos:]
+        if not rest:
+            return None
+        if self.phase == "think":
+            end = rest.find(THINK_CLOSE)
+            if end >= 0:
+                self.pos += end + len(THINK_CLOSE)
+                self.phase = "gap"
+                return self._reasoning(rest[:end])
+            safe = len(rest) - _held(rest, THINK_CLOSE)
+            if safe <= 0:
+                return None
+            self.pos += safe
+            return self._reasoning(rest[:safe])
+        if self.phase == "gap":  # the "\n\n" after the think block
+            if rest[0] == "\n":
+                self.pos += 1
+                return {}
+            self.phase = "body"
+            return {}
+        if self.mode is None:
+            if not self.tools or not CALL_OPEN.startswith(rest[: len(CALL_OPEN)]):
+                self.mode = "content"
+            elif len(rest) >= len(CALL_OPEN):
+                self.mode = "calls"
+            else:
+                return None  # could still be "<tool_call>"
+        if self.mode == "content":
+            self.pos = len(self.text)
+            self.content += rest
+            return {"content": rest}
+        return self._call_step(rest)
+
+    def _reasoning(self, text: str) -> dict[str, Any]:
+        if not text:
+            return {}
+        self.reasoning += text
+        return {"reasoning_content": text}
+
+    def _call_step(self, rest: str) -> dict[str, Any] | None:
+        current = self.calls[-1] if self.calls else None
+        if current is not None and not current["ended"]:
+            return self._arguments(current, rest)
+        if current is not None and not current["closed"]:
+            closing = f"}}\n{CALL_CLOSE}"  # the body object's end, then the markup
+            if len(rest) < len(closing) and closing.startswith(rest):
+                return None
+            self.pos += len(closing) if rest.startswith(closing) else len(rest)
+            current["closed"] = True
+            return {}
+        opening = f"{CALL_OPEN}\n"
+        skip = 1 if current is not None and rest.startswith("\n") else 0
+        body = rest[skip:]
+        if len(body) < len(opening) and opening.startswith(body):
+            return None
+        if not body.startswith(opening):  # the grammar allows nothing else: finish() says it
+            self.pos = len(self.text)
+            return {}
+        head = _HEAD.match(body, len(opening))
+        if head is None:
+            return None  # the name is still being written
+        self.pos += skip + head.end()
+        call = {"id": f"call_{secrets.token_hex(12)}", "name": json.loads(f'"{head.group(1)}"'),
+                "arguments": "", "ended": False, "closed": False}
+        self.calls.append(call)
+        return {"tool_calls": [{"index": len(self.calls) - 1, "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["name"], "arguments": ""}}]}
+
+    def _arguments(self, call: dict[str, Any], rest: str) -> dict[str, Any] | None:
+        end = _json_end(call["arguments"] + rest)
+        fragment = rest if end is None else rest[: end - len(call["arguments"])]
+        call["ended"] = end is not None
+        self.pos += len(fragment)
+        if not fragment:
+            return {} if call["ended"] else None
+        call["arguments"] += fragment
+        return {"tool_calls": [{"index": len(self.calls) - 1,
+                                "function": {"arguments": fragment}}]}
+
+    def finish(self, reply: Reply[Any]) -> list[dict[str, Any]]:
+        """What the stream has not said of the parsed ``reply`` yet."""
+        out: list[dict[str, Any]] = []
+        if reply.reasoning and reply.reasoning.startswith(self.reasoning) \
+                and reply.reasoning != self.reasoning:
+            out.append({"reasoning_content": reply.reasoning[len(self.reasoning):]})
+        if reply.text and reply.text.startswith(self.content) and reply.text != self.content:
+            out.append({"content": reply.text[len(self.content):]})
+        for k, call in enumerate(reply.tool_calls):
+            arguments = json.dumps(call.arguments, ensure_ascii=False)
+            if k >= len(self.calls):
+                out.append({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                            "function": {"name": call.name,
+                                                         "arguments": arguments}}]})
+            elif not self.calls[k]["ended"]:
+                streamed = self.calls[k]["arguments"]
+                missing = arguments[len(streamed):] if arguments.startswith(streamed) else ""
+                if missing:
+                    out.append({"tool_calls": [{"index": k,
+                                                "function": {"arguments": missing}}]})
+        return out
