@@ -4,6 +4,7 @@ and instructor's ``create_partial`` see them grow. Real clients on loopback."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -65,7 +66,7 @@ def test_the_sdk_stream_helper_sees_arguments_grow(client: Any) -> None:
             if event.type == "tool_calls.function.arguments.delta":
                 seen.append(event.arguments)
         final = stream.get_final_completion()
-    assert len(seen) > 2 and all(b.startswith(a) for a, b in zip(seen, seen[1:], strict=False))
+    assert len(seen) > 2 and all(b.startswith(a) for a, b in itertools.pairwise(seen))
     call = final.choices[0].message.tool_calls[0]
     assert json.loads(call.function.arguments) == json.loads(seen[-1])
 
