@@ -284,8 +284,8 @@ def usage_object(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 
 @dataclass
 class ResponseStream:
-    """The Responses stream's events, numbered: text deltas as they are written; items a
-    reply holds back (tool calls, reasoning) whole when it ends."""
+    """The Responses stream's events, numbered, as the reply is written: text deltas,
+    reasoning summary deltas, function calls and their argument fragments."""
 
     rid: str
     created: int
@@ -295,6 +295,8 @@ class ResponseStream:
     message_id: str | None = None
     text: str = ""
     items: list[dict[str, Any]] = field(default_factory=list)
+    open_reasoning: dict[str, Any] | None = None
+    open_call: dict[str, Any] | None = None
 
     def event(self, kind: str, **data: Any) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **data}
@@ -335,34 +337,73 @@ class ResponseStream:
         self.items.append(item)
         self.message_id = None
 
-    def finish(self, reply: Reply[Any] | None, held_text: str | None,
-               usage: dict[str, Any]) -> Iterator[str]:
-        """The end: items held back, then ``response.completed`` (or ``incomplete``)."""
-        if reply is not None and reply.reasoning:
-            item = reasoning_item(new_id("rs"), reply.reasoning)
+    def parts(self, parts: list[dict[str, Any]]) -> Iterator[str]:
+        """Deltas read from a held reply's markup (``stream_deltas.ReplyDeltas``) as the
+        Responses events: reasoning summary text, function calls opened when their name is
+        written and their arguments in fragments, then the message's text."""
+        for part in parts:
+            if "reasoning_content" in part:
+                yield from self._reasoning_delta(part["reasoning_content"])
+                continue
+            yield from self._close_reasoning()
+            if "content" in part:
+                yield from self._close_call()
+                yield from self.delta(part["content"])
+                continue
+            for tc in part.get("tool_calls", []):
+                if "id" in tc:
+                    yield from self._close_call()
+                    index = len(self.items)
+                    item = call_item(new_id("fc"), tc["id"], tc["function"]["name"], "",
+                                     "in_progress")
+                    self.open_call = {"item": item, "index": index}
+                    yield self.event("response.output_item.added", output_index=index,
+                                     item=item)
+                fragment = tc["function"]["arguments"]
+                if fragment and self.open_call is not None:
+                    self.open_call["item"]["arguments"] += fragment
+                    yield self.event("response.function_call_arguments.delta",
+                                     output_index=self.open_call["index"],
+                                     item_id=self.open_call["item"]["id"], delta=fragment)
+
+    def _reasoning_delta(self, text: str) -> Iterator[str]:
+        if self.open_reasoning is None:
+            item = {**reasoning_item(new_id("rs"), ""), "summary": []}
+            self.open_reasoning = {"item": item, "index": len(self.items), "text": ""}
             yield self.event("response.output_item.added", output_index=len(self.items),
-                             item={**item, "summary": []})
-            yield self.event("response.reasoning_summary_text.done",
-                             output_index=len(self.items), item_id=item["id"],
-                             summary_index=0, text=reply.reasoning)
-            yield self.event("response.output_item.done", output_index=len(self.items),
                              item=item)
-            self.items.append(item)
-        if reply is not None:
-            for call in reply.tool_calls:
-                arguments = json.dumps(call.arguments, ensure_ascii=False)
-                item = call_item(new_id("fc"), call.id, call.name, arguments)
-                index = len(self.items)
-                yield self.event("response.output_item.added", output_index=index,
-                                 item={**item, "arguments": "", "status": "in_progress"})
-                yield self.event("response.function_call_arguments.delta", output_index=index,
-                                 item_id=item["id"], delta=arguments)
-                yield self.event("response.function_call_arguments.done", output_index=index,
-                                 item_id=item["id"], arguments=arguments, name=call.name)
-                yield self.event("response.output_item.done", output_index=index, item=item)
-                self.items.append(item)
-        if held_text:
-            yield from self.delta(held_text)
+        self.open_reasoning["text"] += text
+        yield self.event("response.reasoning_summary_text.delta",
+                         output_index=self.open_reasoning["index"],
+                         item_id=self.open_reasoning["item"]["id"], summary_index=0,
+                         delta=text)
+
+    def _close_reasoning(self) -> Iterator[str]:
+        if self.open_reasoning is None:
+            return
+        opened, self.open_reasoning = self.open_reasoning, None
+        item = reasoning_item(opened["item"]["id"], opened["text"])
+        yield self.event("response.reasoning_summary_text.done",
+                         output_index=opened["index"], item_id=item["id"], summary_index=0,
+                         text=opened["text"])
+        yield self.event("response.output_item.done", output_index=opened["index"], item=item)
+        self.items.append(item)
+
+    def _close_call(self) -> Iterator[str]:
+        if self.open_call is None:
+            return
+        opened, self.open_call = self.open_call, None
+        item = {**opened["item"], "status": "completed"}
+        yield self.event("response.function_call_arguments.done", output_index=opened["index"],
+                         item_id=item["id"], arguments=item["arguments"], name=item["name"])
+        yield self.event("response.output_item.done", output_index=opened["index"], item=item)
+        self.items.append(item)
+
+    def finish(self, reply: Reply[Any] | None, usage: dict[str, Any]) -> Iterator[str]:
+        """The end: open items closed, then ``response.completed`` (``incomplete`` when
+        the reply was cut at max_output_tokens)."""
+        yield from self._close_reasoning()
+        yield from self._close_call()
         if self.message_id is None and not self.items:
             yield from self._open_message()  # an empty answer is still a message
         yield from self._close_message()

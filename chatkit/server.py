@@ -438,15 +438,17 @@ class ChatkitServer:
             async for _, delta in self._events(lanes):
                 if delta is None:
                     continue
-                if lane.hold:  # tools or a think block: parsed whole at the end
-                    if lane.finish is None:
-                        lane.text += delta
-                    continue
-                for event in stream.delta(delta):
-                    yield event
+                if lane.deltas is None:
+                    for event in stream.delta(delta):
+                        yield event
+                elif lane.finish is None:  # markup read as it is written
+                    for event in stream.parts(lane.deltas.feed(delta)):
+                        yield event
             reply = lane.reply
-            held = (reply.text if reply is not None else lane.text) if lane.hold else None
-            for event in stream.finish(reply, held, self._responses_usage(lanes)):
+            if reply is not None and lane.deltas is not None:
+                for event in stream.parts(lane.deltas.finish(reply)):
+                    yield event
+            for event in stream.finish(reply, self._responses_usage(lanes)):
                 yield event
         except Exception as exc:  # after the 200 went out: response.failed
             err = translate_error(exc)

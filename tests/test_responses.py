@@ -99,6 +99,10 @@ def test_streamed_function_call(client: Any) -> None:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert "response.function_call_arguments.done" in kinds
+    # arguments as they are written, after the item (its name) is announced
+    assert kinds.count("response.function_call_arguments.delta") > 1
+    assert kinds.index("response.output_item.added") < kinds.index(
+        "response.function_call_arguments.delta")
     (call,) = [item for item in final.output if item.type == "function_call"]
     assert json.loads(call.arguments)["city"]
 
