@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .engine import SAFE_PREFILL_CHUNK, SAFE_VERIFY_KV, SeqChunk, StepEngine
 from .errors import InvalidParameter
@@ -108,6 +108,8 @@ class Decoder:
         self.reuse = max(0, min(reuse, len(self.prompt) - 1))
         self.prefill_chunk = prefill_chunk
         self.tokens: list[int] = []
+        self.logprobs: list[Any] = []
+        """Per generated token, its ``TokenLogprob`` when the sampler records them."""
         self.history = list(self.prompt)
         self.end: EndCause | None = None
         self.grammar_done = False
@@ -268,6 +270,8 @@ class Decoder:
             return None
         self.tokens.append(tok)
         self.history.append(tok)
+        if self.sampler.logprobs is not None:
+            self.logprobs.append(self.sampler.last_logprob)
         if len(self.tokens) >= self.max_tokens:
             self.finish("length")
         else:

@@ -169,6 +169,8 @@ class Sampling:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     """vLLM's multiplicative penalty (chatkit's ``repeat_penalty``)."""
+    logprobs: int | None = None
+    """Return each token's log-probability with this many alternatives (None: off)."""
 
     def seed_for(self, lane: int) -> int | None:
         """Lanes of ``n`` > 1 get one seed each (seed + lane)."""
@@ -233,8 +235,6 @@ def _kind_name(kinds: type | tuple[type, ...]) -> str:
 
 
 _UNSUPPORTED = {
-    "logprobs": "logprobs are not returned",
-    "top_logprobs": "logprobs are not returned",
     "logit_bias": "logit_bias is not supported (the grammar decides what may be written)",
     "audio": "audio is not supported",
     "modalities": "text is the only modality",
@@ -257,6 +257,27 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise bad(why, key, "unsupported_parameter")
 
 
+def _logprobs(body: Mapping[str, Any]) -> int | None:
+    """Chat: ``logprobs: true`` with ``top_logprobs`` 0-20; completions: ``logprobs`` as the
+    number of alternatives, 0-5 (the legacy API's shape)."""
+    value = body.get("logprobs")
+    top = body.get("top_logprobs")
+    if value is None or value is False:
+        if top not in (None, 0):
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    if value is True:
+        top = 0 if top is None else top
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise bad(f"top_logprobs must be an integer in [0, 20], got {top!r}",
+                      "top_logprobs")
+        return int(top)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 5:
+        raise bad(f"logprobs must be true/false (chat) or an integer in [0, 5] "
+                  f"(completions), got {value!r}", "logprobs")
+    return int(value)
+
+
 def _sampling(body: Mapping[str, Any], limits: ServerLimits) -> Sampling:
     s = Sampling()
     temperature = _get(body, "temperature", (int, float), 1.0)
@@ -272,6 +293,7 @@ def _sampling(body: Mapping[str, Any], limits: ServerLimits) -> Sampling:
         if not -2 <= value <= 2:
             raise bad(f"{key} must be in [-2, 2], got {value}", key)
         setattr(s, key, float(value))
+    s.logprobs = _logprobs(body)
     repetition = _get(body, "repetition_penalty", (int, float), 1.0)
     if not 0 < repetition <= 10:
         raise bad(f"repetition_penalty must be in (0, 10], got {repetition}",
@@ -510,6 +532,40 @@ def assistant_message(reply: Reply[Any] | None, text: str) -> dict[str, Any]:
     if reply.reasoning is not None:
         out["reasoning_content"] = reply.reasoning
     return out
+
+
+def _token_text(vocab: Any, token: int) -> tuple[str, list[int]]:
+    raw = vocab.token_bytes(token)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(vocab: Any, entries: Sequence[Any]) -> list[dict[str, Any]]:
+    """Chat's ``logprobs.content``: per token its text, log-probability, bytes and the
+    most probable alternatives (``TokenLogprob`` entries)."""
+    out = []
+    for e in entries:
+        text, raw = _token_text(vocab, e.token)
+        top = []
+        for token, lp in e.top:
+            t, b = _token_text(vocab, token)
+            top.append({"token": t, "logprob": lp, "bytes": b})
+        out.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
+    return out
+
+
+def completion_logprobs(vocab: Any, entries: Sequence[Any]) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object (``text_offset`` from this chunk's
+    first token)."""
+    tokens, offsets, offset = [], [], 0
+    for e in entries:
+        text = _token_text(vocab, e.token)[0]
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{_token_text(vocab, t)[0]: lp for t, lp in e.top}
+                             for e in entries],
+            "text_offset": offsets}
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:

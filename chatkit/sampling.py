@@ -176,6 +176,15 @@ class Sampler:
         self._checking: CheckingProcessor | None = None
         self.processor = processor
         self._rng: np.random.Generator | None = None
+        self.logprobs: int | None = None
+        """Record each selected token's log-probability, with this many most probable
+        alternatives (None: off). The distribution is the one the token was chosen from:
+        the row after the processor's mask and the penalties, at the temperature in force
+        (1 under greedy), before top-k / top-p / min-p truncation; under a grammar it sums
+        to 1 over the tokens the grammar allows. Costs one log-softmax over the vocabulary
+        per token, and greedy check-first is off (the whole row is masked)."""
+        self.last_logprob: TokenLogprob | None = None
+        """The last selection's (with ``logprobs`` on)."""
 
     @property
     def rng(self) -> np.random.Generator:
@@ -210,6 +219,8 @@ class Sampler:
         over the vocabulary plus a partial sort of the top candidates.
         """
         token = self._select(logits_row, history)
+        if self.logprobs is not None:
+            self.last_logprob = _logprob(logits_row, token, self.params, self.logprobs)
         proc = self._processor  # the attribute, not the property: this runs per token
         if proc is not None:
             proc.commit(token)
@@ -219,7 +230,8 @@ class Sampler:
         p = self.params
         proc = self._processor
         checking = self._checking
-        if p.greedy and checking is not None and checking.check_first:
+        if p.greedy and checking is not None and checking.check_first \
+                and self.logprobs is None:
             return self._greedy_checked(row, history, checking)
         if proc is not None:
             proc.process(row, history)
@@ -337,6 +349,30 @@ def _argmax(row: Logits) -> int:
     if not row[token] > -np.inf:  # -inf everywhere, or NaN
         raise AllTokensMasked("no selectable token: every logit is -inf or NaN")
     return token
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A selected token's log-probability and the most probable alternatives, from the
+    distribution it was chosen from (``Sampler.logprobs``)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    """(token, logprob), most probable first."""
+
+
+def _logprob(row: Logits, token: int, p: SamplingParams, k: int) -> TokenLogprob:
+    scaled = row.astype(np.float64) / (p.temperature if p.temperature > 0 else 1.0)
+    top = float(scaled.max())
+    lse = top + math.log(float(np.exp(scaled - top).sum()))
+    top_ids: list[int] = []
+    if k > 0:
+        k = min(k, int(np.isfinite(scaled).sum()))
+        part = np.argpartition(-scaled, k - 1)[:k]
+        top_ids = [int(i) for i in part[np.argsort(-scaled[part], kind="stable")]]
+    return TokenLogprob(token, float(scaled[token]) - lse,
+                        tuple((i, float(scaled[i]) - lse) for i in top_ids))
 
 
 def _apply_penalties(row: Logits, history: Sequence[int], p: SamplingParams) -> None:

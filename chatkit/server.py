@@ -41,7 +41,9 @@ from .openai_api import (
     ServerLimits,
     assistant_message,
     bad,
+    chat_logprobs,
     check_body,
+    completion_logprobs,
     finish_reason,
     new_id,
     now,
@@ -84,6 +86,8 @@ class _Lane:
     finish: str | None = None
     deltas: ReplyDeltas | None = None
     """For a held lane: its markup read as it is written (``stream_deltas``)."""
+    logprobs_sent: int = 0
+    """Tokens whose logprobs a stream has sent."""
 
 
 class KVPool:
@@ -234,7 +238,7 @@ class ChatkitServer:
                                    code="context_length_exceeded") from exc
             conv.max_tokens = room  # the default max_tokens shrinks to what fits
             turn = conv.plan(req.text, req.schema, **options)
-        return _checked_start(turn)
+        return _checked_start(turn, s.logprobs)
 
     def _plan_completion_lane(self, req: CompletionRequest, lane: int) -> Turn:
         model = self.model
@@ -250,7 +254,8 @@ class ChatkitServer:
         plan = plan_completion(model, prompt, sampler=Sampler(s.params(lane)),
             max_tokens=max_tokens, schema=req.schema, constraint=constraint,
             stop=s.stop or None)
-        return _checked_start(Turn(model, plan, KVState(owner=0), lambda added: None))
+        return _checked_start(Turn(model, plan, KVState(owner=0), lambda added: None),
+                              s.logprobs)
 
     async def _start(self, plan_lane: Callable[[int], Turn], n: int) -> list[_Lane]:
         """Plan every lane (refusals: 400 before any token), borrow KV claims, submit."""
@@ -351,10 +356,20 @@ class ChatkitServer:
             text = reply.text if reply is not None else lane.text
             choices.append({"index": i, "message": assistant_message(reply, text),
                             "finish_reason": finish_reason(reply.finish_reason)
-                            if reply is not None else "length", "logprobs": None})
+                            if reply is not None else "length",
+                            "logprobs": self._chat_logprobs(lane, req.sampling)})
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                              "model": self.name, "choices": choices,
                              "usage": self._usage(lanes)})
+
+    def _chat_logprobs(self, lane: _Lane, sampling: Any, *, since: int = 0
+                       ) -> dict[str, Any] | None:
+        """The choice's ``logprobs`` (tokens from ``since`` on), None when not asked."""
+        if sampling.logprobs is None:
+            return None
+        entries = lane.ticket.turn.decoder.logprobs[since:]
+        lane.logprobs_sent = since + len(entries)
+        return {"content": chat_logprobs(self.model, entries), "refusal": None}
 
     def _usage(self, lanes: list[_Lane]) -> dict[str, Any]:
         first = lanes[0].ticket.turn
@@ -365,10 +380,13 @@ class ChatkitServer:
     async def _chat_sse(self, lanes: list[_Lane], rid: str, created: int,
                         req: ChatRequest) -> AsyncIterator[str]:
         def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> str:
+            logprobs = (self._chat_logprobs(lanes[i], req.sampling,
+                                            since=lanes[i].logprobs_sent)
+                        if "content" in delta or finish is not None else None)
             return _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                          "model": self.name, "choices": [{"index": i, "delta": delta,
                                                           "finish_reason": finish,
-                                                          "logprobs": None}]})
+                                                          "logprobs": logprobs}]})
 
         try:
             for i in range(len(lanes)):
@@ -474,6 +492,12 @@ class ChatkitServer:
         def choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
             out: dict[str, Any] = {"index": i, "text": text, "finish_reason": finish,
                                    "logprobs": None}
+            if req.sampling.logprobs is not None:
+                lane = lanes[i]
+                entries = lane.ticket.turn.decoder.logprobs
+                since = lane.logprobs_sent if req.sampling.stream else 0
+                out["logprobs"] = completion_logprobs(self.model, entries[since:])
+                lane.logprobs_sent = len(entries)
             if req.return_token_ids:
                 # streaming: the ids sampled since the last chunk (as vLLM does); else all
                 tokens = lanes[i].ticket.turn.decoder.tokens
@@ -535,10 +559,17 @@ def serve(model: StepEngine, *, name: str, host: str = "127.0.0.1", port: int = 
     uvicorn.run(server.app, host=host, port=port, log_level="info", access_log=False)
 
 
-def _checked_start(turn: Turn) -> Turn:
+def _checked_start(turn: Turn, logprobs: int | None = None) -> Turn:
     """A grammar that compiles but fails at its first token (too large for llguidance's
-    limits) is the request's fault: refused now, a 400, instead of a 500 after the 200."""
+    limits) is the request's fault: refused now, a 400, instead of a 500 after the 200.
+    ``logprobs``: record them (not for tool calls or think blocks: their tokens are
+    markup the client never sees)."""
     constraint = turn.plan.constraint
     if constraint is not None:
         constraint.check_start()
+    if logprobs is not None:
+        if turn.plan.tools or turn.plan.thinking:
+            raise bad("logprobs are not returned for replies with tools or a think block",
+                      "logprobs", "unsupported_parameter")
+        turn.plan.sampler.logprobs = logprobs
     return turn
