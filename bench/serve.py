@@ -47,6 +47,34 @@ def prompt(schema: dict[str, Any]) -> str:
     return "Answer with one JSON value for this schema: " + json.dumps(schema)
 
 
+# The shared-prompt workload (--workload shared): a verdict-lane service. Every request has
+# the same long system prompt and schema; only the user's text varies, so a server that
+# reuses a cached prompt prefix evaluates ~1/4 of each prompt.
+SHARED_SYSTEM = ("You review pull requests for a payments service. Approve only changes "
+                 "that keep tests, migrations and audit logging intact; reject changes "
+                 "that delete or skip tests, weaken input validation, log secrets, or "
+                 "change money arithmetic without tests. Answer with a decision and a "
+                 "confidence between 0 and 1. ") * 3
+SHARED_SCHEMA = {"type": "object", "properties": {
+    "decision": {"enum": ["approve", "reject"]},
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+    "required": ["decision", "confidence"], "additionalProperties": False}
+CLAIMS = ["deletes the flaky payment tests", "adds an index to the ledger table",
+          "logs the card number for debugging", "renames a variable in the README",
+          "skips validation of refund amounts", "adds tests for currency rounding",
+          "bumps a dependency's patch version", "changes fee rounding without tests"]
+
+
+def messages_for(workload: str, j: int, schemas: list[dict[str, Any]]
+                 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    if workload == "shared":
+        return ([{"role": "system", "content": SHARED_SYSTEM},
+                 {"role": "user", "content": f"PR #{j}: {CLAIMS[j % len(CLAIMS)]}."}],
+                SHARED_SCHEMA)
+    schema = schemas[j % len(schemas)]
+    return [{"role": "user", "content": prompt(schema)}], schema
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,18 +113,23 @@ class Server:
         self.log.close()
 
 
-def one_request(client: openai.OpenAI, kind: str, schema: dict[str, Any], max_tokens: int,
-                count: Any) -> dict[str, Any]:
+def one_request(client: openai.OpenAI, kind: str, messages: list[dict[str, str]],
+                schema: dict[str, Any], max_tokens: int, count: Any) -> dict[str, Any]:
     fmt = ({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
            if kind == "chatkit" else {"type": "json_object", "schema": schema})
     t0 = time.perf_counter()
     first = None
     text = ""
     finish = None
+    cached = 0
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": prompt(schema)}], stream=True,
+        model="m", messages=messages, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
         temperature=0, max_tokens=max_tokens, response_format=fmt)  # type: ignore[arg-type]
     for chunk in stream:
+        details = getattr(getattr(chunk, "usage", None), "prompt_tokens_details", None)
+        if details is not None and details.cached_tokens:
+            cached = details.cached_tokens
         for c in chunk.choices:
             if c.delta.content:
                 if first is None:
@@ -105,11 +138,12 @@ def one_request(client: openai.OpenAI, kind: str, schema: dict[str, Any], max_to
             finish = c.finish_reason or finish
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "ttft": first if first is not None else seconds,
-            "tokens": count(text), "valid": finish != "length" and valid(text, schema)}
+            "tokens": count(text), "valid": finish != "length" and valid(text, schema),
+            "cached": cached}
 
 
 def load(server: Server, clients: int, requests: int, schemas: list[dict[str, Any]],
-         max_tokens: int, count: Any) -> dict[str, Any]:
+         max_tokens: int, count: Any, workload: str = "mixed") -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     lock = threading.Lock()
     jobs = list(range(requests))
@@ -122,7 +156,8 @@ def load(server: Server, clients: int, requests: int, schemas: list[dict[str, An
                 if not jobs:
                     return
                 j = jobs.pop(0)
-            r = one_request(client, server.kind, schemas[j % len(schemas)], max_tokens, count)
+            messages, schema = messages_for(workload, j, schemas)
+            r = one_request(client, server.kind, messages, schema, max_tokens, count)
             with lock:
                 results.append(r)
 
@@ -137,7 +172,8 @@ def load(server: Server, clients: int, requests: int, schemas: list[dict[str, An
     return {"tok_s": sum(r["tokens"] for r in results) / wall,
             "p50": statistics.median(lat), "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "ttft": statistics.median(r["ttft"] for r in results),
-            "valid": sum(r["valid"] for r in results), "n": len(results)}
+            "valid": sum(r["valid"] for r in results), "n": len(results),
+            "cached": sum(r["cached"] for r in results)}
 
 
 def in_process(path: Path, schemas: list[dict[str, Any]], max_tokens: int, count: Any,
@@ -175,6 +211,9 @@ def main() -> None:
     ap.add_argument("--per-client", type=int, default=2,
                     help="requests per client (at least 8 per level)")
     ap.add_argument("--plot", default=str(ROOT / "bench" / "out" / "serve.png"))
+    ap.add_argument("--workload", choices=("mixed", "shared"), default="mixed",
+                    help="mixed: the fixture schemas in turn; shared: one system prompt "
+                         "and schema, varying user text (a verdict-lane service)")
     args = ap.parse_args()
     import llama_cpp
 
@@ -188,7 +227,7 @@ def main() -> None:
     levels = [int(c) for c in args.clients.split(",")]
     load_avg = os.getloadavg()
     print(f"{date.today()}, {platform.machine()}, {os.cpu_count()} cores, SmolLM2-135M Q4_1, "
-          f"greedy, max_tokens {args.max_tokens}, load average before: "
+          f"greedy, max_tokens {args.max_tokens}, workload {args.workload}, load average before: "
           f"{load_avg[0]:.2f}", flush=True)
     alone = in_process(path, schemas, args.max_tokens, count, len(schemas))
     print(f"in-process send, one at a time: {alone['tok_s']:.1f} tok/s, p50 "
@@ -201,11 +240,12 @@ def main() -> None:
             table[kind] = {}
             for c in levels:
                 r = load(server, c, max(8, args.per_client * c), schemas, args.max_tokens,
-                         count)
+                         count, args.workload)
                 table[kind][c] = r
                 print(f"{kind:17s} clients {c:2d}: {r['tok_s']:6.1f} tok/s  p50 "
                       f"{r['p50']:.2f} s  p99 {r['p99']:.2f} s  ttft {r['ttft'] * 1000:.0f} ms"
-                      f"  valid {r['valid']}/{r['n']}", flush=True)
+                      f"  valid {r['valid']}/{r['n']}  cached prompt tokens {r['cached']}",
+                      flush=True)
         finally:
             server.close()
     print()

@@ -75,6 +75,8 @@ class Capabilities:
     """The server's schema mode needs every property required (OpenAI's strict mode)."""
     string_formats: frozenset[str] | None = None
     """The ``format`` values it enforces (None: every one chatkit accepts)."""
+    integer_bounds_only: bool = False
+    """``minimum``/``maximum`` are enforced on integers only (llama.cpp's own converter)."""
 
 
 # llama-cpp-python 0.3.36's JSON-schema-to-GBNF converter (llama_cpp/llama_grammar.py,
@@ -95,6 +97,20 @@ _STRICT_REJECTS = frozenset({
     "dependencies", "patternProperties", "unevaluatedProperties", "unevaluatedItems",
     "propertyNames", "minProperties", "maxProperties", "uniqueItems", "contains",
     "minContains", "maxContains"})
+
+# llama-server built without llguidance (llama.cpp's default; b11434's common/json-schema.cpp)
+# reads type, properties, required, additionalProperties, items, prefixItems, min/maxItems,
+# enum, const, anyOf / oneOf (as anyOf), allOf, $ref, pattern, min/maxLength, the formats
+# below, and minimum / maximum (exclusive too) on integers; it drops the rest.
+_LLAMA_GBNF_IGNORES = frozenset({
+    "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames",
+    "dependentRequired", "dependentSchemas", "dependencies", "uniqueItems", "contains",
+    "minContains", "maxContains", "not", "if", "then", "else", "unevaluatedProperties",
+    "unevaluatedItems"})
+_DATE_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
+LLAMA_SERVER_GBNF = Capabilities(True, False, True, _LLAMA_GBNF_IGNORES,
+                                 string_formats=_DATE_FORMATS, integer_bounds_only=True)
+"""A llama-server without llguidance: JSON schemas through its own converter only."""
 
 CAPABILITIES: dict[str, Capabilities] = {
     "vllm": Capabilities(True, True, True),
@@ -146,6 +162,10 @@ def schema_refusal(caps: Capabilities, schema: Any) -> str | None:
         ignored = sorted(caps.schema_ignores & node.keys())
         if ignored:
             return f"the JSON Schema keyword {ignored[0]!r} at {where}"
+        bounds = sorted({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+                        & node.keys())
+        if caps.integer_bounds_only and bounds and node.get("type") != "integer":
+            return f"the JSON Schema keyword {bounds[0]!r} at {where} (integers only)"
         if ("pattern" in node and caps.schema_ignores is _GBNF_IGNORES
                 and {"minLength", "maxLength"} & node.keys()):
             return f"minLength/maxLength beside a pattern at {where}"
@@ -193,6 +213,7 @@ class RemoteEngine:
         self.base_url = base_url.rstrip("/")
         self.kind = kind
         self.capabilities = CAPABILITIES[kind]
+        self._probed: Capabilities | None = None
         self.model = model
         self.vocab = vocab
         self.retries = retries
@@ -254,8 +275,28 @@ class RemoteEngine:
         """No KV sequences here (the server keeps its own prefix cache)."""
 
     # -------------------------------------------------------------- requests
+    def _llama_server_capabilities(self) -> Capabilities:
+        """What this llama-server enforces, asked once: a one-token request with an
+        llguidance grammar answers whether it was built with llguidance (not in
+        ``/props``); without, JSON schemas go through llama.cpp's own converter."""
+        if self._probed is None:
+            url = self.base_url + "/completion"
+            body = {"prompt": [self.bos_id], "n_predict": 1, "cache_prompt": False,
+                    "grammar": '%llguidance {}\nstart: "a"'}
+            with _http_errors(url):
+                response = self._client.post(url, json=body)
+            llguidance = response.status_code == 200
+            if not llguidance and "llguidance" not in response.text:
+                self._json(url, response)  # another failure: RemoteError with its words
+            self._probed = CAPABILITIES["llama-server"] if llguidance else LLAMA_SERVER_GBNF
+            _log.info("llama-server at %s %s llguidance", self.base_url,
+                      "has" if llguidance else "has no")
+        return self._probed
+
     def check(self, request: GenerateRequest) -> None:
         """Refuse, before any request, what this kind cannot enforce."""
+        if self.kind == "llama-server" and request.grammar_kind is not None:
+            self.capabilities = self._llama_server_capabilities()
         caps, what = self.capabilities, request.grammar_kind
         if what is None or caps.grammar:
             return
@@ -294,8 +335,11 @@ class RemoteEngine:
         if self.kind == "llama-server":
             body = {"prompt": list(request.prompt), "n_predict": request.max_tokens,
                     "return_tokens": True, "cache_prompt": True, **sampling}
-            if grammar is not None:
+            if grammar is not None and self.capabilities.grammar:
                 body["grammar"] = "%llguidance {}\n" + grammar
+            elif grammar is not None:  # its own converter (check() let only a schema by)
+                body["json_schema"] = (closed_objects(request.schema)
+                                       if isinstance(request.schema, dict) else request.schema)
             return "/completion", body
         # openai / llama-cpp-python: the server renders its own template from the messages
         body = {"model": self.model, "max_tokens": request.max_tokens,

