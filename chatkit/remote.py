@@ -281,7 +281,8 @@ class RemoteEngine:
         ``/props``); without, JSON schemas go through llama.cpp's own converter."""
         if self._probed is None:
             url = self.base_url + "/completion"
-            body = {"prompt": [self.bos_id], "n_predict": 1, "cache_prompt": False,
+            body = {"prompt": self.tokenize("a", special=False), "n_predict": 1,
+                    "cache_prompt": False,
                     "grammar": '%llguidance {}\nstart: "a"'}
             with _http_errors(url):
                 response = self._client.post(url, json=body)
@@ -289,6 +290,8 @@ class RemoteEngine:
             if not llguidance and "llguidance" not in response.text:
                 self._json(url, response)  # another failure: RemoteError with its words
             self._probed = CAPABILITIES["llama-server"] if llguidance else LLAMA_SERVER_GBNF
+            # without llguidance its tokens follow GBNF, not chatkit's mask: text replay
+            self.returns_token_ids = llguidance
             _log.info("llama-server at %s %s llguidance", self.base_url,
                       "has" if llguidance else "has no")
         return self._probed
@@ -374,8 +377,17 @@ class RemoteEngine:
                                     request, int(meta.get("prompt_tokens", 0)),
                                     int(meta.get("cached_tokens", 0)))
             if self.kind == "llama-server":
-                tokens = [int(t) for t in data["tokens"]]
                 reason = "length" if data.get("stop_type") == "limit" else "stop"
+                if self.capabilities is LLAMA_SERVER_GBNF and request.grammar is not None:
+                    # GBNF picks tokens llguidance's mask would not (a non-canonical split of
+                    # forced bytes): the text is replayed, and the second reader checks it
+                    text = data["content"]
+                    return GenerateResult(
+                        tokens=self.tokenize(text, special=False),
+                        finish="length" if reason == "length" else "stop_token",
+                        prompt_tokens=int(data.get("tokens_evaluated", len(request.prompt))),
+                        cached_prompt_tokens=int(data.get("tokens_cached", 0)), text=text)
+                tokens = [int(t) for t in data["tokens"]]
                 return self.finish_result(tokens, reason, request,
                                     int(data.get("tokens_evaluated", len(request.prompt))),
                                     int(data.get("tokens_cached", 0)))
