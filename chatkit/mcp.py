@@ -12,7 +12,7 @@ structured results. Give them to ``send(tools=...)`` or the agent loop beside Py
 The session lives on a thread of its own with its own event loop (the MCP SDK's sessions
 are bound to the task that opened them), so one toolset serves ``run`` and ``arun``, from
 any thread or event loop, concurrently. Closing it (the ``with`` block's end, ``close()``,
-garbage collection, interpreter exit) ends the session and stops the server's process.
+interpreter exit) ends the session and stops the server's process.
 
 What the model sees of a call: the structured result as JSON when the tool gave one, else
 its text; a result the server marks ``isError``, a call that times out and a result the
@@ -34,7 +34,7 @@ import shlex
 import sys
 import threading
 import weakref
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TextIO, TypeVar
 
 from .errors import InvalidParameter, SchemaViolation, ToolServerError
@@ -97,6 +97,9 @@ class MCPToolset:
         self._lock = threading.Lock()
         self._listing: list[Any] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._up = threading.Event()
+        """The session came up (a close before that cancels the connecting task)."""
 
     # ------------------------------------------------------------------ making
     @classmethod
@@ -130,13 +133,17 @@ class MCPToolset:
         """Start the session (idempotent). Waits up to ``connect_timeout`` for the server;
         raises ``ToolServerError`` when it cannot be started or reached."""
         with self._lock:
-            if self._thread is not None:
-                if self._ended.is_set():
-                    raise self._gone("the session has ended")
-                return self
-            self._thread = threading.Thread(target=self._thread_main, daemon=True,
-                                            name=f"chatkit-mcp {self.name}")
-            self._thread.start()
+            starting = self._thread is None
+            if starting:
+                self._thread = threading.Thread(target=self._thread_main, daemon=True,
+                                                name=f"chatkit-mcp {self.name}")
+                self._thread.start()
+        if not starting:  # opened, or being opened by another thread: wait for it
+            self._ready.wait(self.connect_timeout)
+            if self._client is None:
+                raise self._gone("the session is not open" if not self._ended.is_set()
+                                 else "the session has ended")
+            return self
         if not self._ready.wait(self.connect_timeout):
             self.close()
             raise ToolServerError(self.name, f"no session within {self.connect_timeout} s")
@@ -145,9 +152,9 @@ class MCPToolset:
             self.close()
             raise ToolServerError(self.name, f"could not connect: {_describe(failure)}"
                                   ) from failure
-        # runs on garbage collection, or at interpreter exit while the toolset lives
+        # runs at interpreter exit (the session's thread holds the toolset while it lives)
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._stop,
-                                           self._thread)
+                                           self._thread, self._task, self._up)
         _log.info("MCP server %s: connected", self.name)
         return self
 
@@ -156,7 +163,7 @@ class MCPToolset:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        _shutdown(self._loop, self._stop, self._thread)
+        _shutdown(self._loop, self._stop, self._thread, self._task, self._up)
 
     def __enter__(self) -> MCPToolset:
         return self.open()
@@ -187,6 +194,7 @@ class MCPToolset:
         mcp = _import_mcp()
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._task = asyncio.current_task()
         target = self._target
         if isinstance(target, mcp.StdioServerParameters):
             from mcp.client.stdio import stdio_client
@@ -195,6 +203,7 @@ class MCPToolset:
         try:
             async with mcp.Client(target, message_handler=self._on_message) as client:
                 self._client = client
+                self._up.set()
                 listener = asyncio.create_task(self._listen(client))
                 self._ready.set()
                 try:
@@ -239,26 +248,37 @@ class MCPToolset:
         detail = f": {_describe(failure)}" if failure is not None else ""
         return ToolServerError(self.name, f"{what}{detail}")
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        loop = self._loop
-        if self._client is None or loop is None or self._ended.is_set():
-            coro.close()
+    def _submit(self, work: Callable[[Any], Coroutine[Any, Any, T]]
+                ) -> concurrent.futures.Future[T]:
+        """Run ``work(client)`` on the session's loop; ``ToolServerError`` when there is no
+        live session (checked before the client is touched)."""
+        loop, client = self._loop, self._client
+        if client is None or loop is None or self._ended.is_set():
             raise self._gone("the session is not open" if self._thread is None
                              else "the session has ended")
-        return asyncio.run_coroutine_threadsafe(coro, loop)
+        return asyncio.run_coroutine_threadsafe(self._guarded(work(client)), loop)
+
+    def _dead(self) -> bool:
+        return self._ended.is_set() or self._client is None
 
     async def _guarded(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run on the session's loop: a dead session is ToolServerError."""
+        """Run on the session's loop: a dead session is ToolServerError; any other failure
+        (an error the server sent, a result the SDK rejects) is raised as it is, and the
+        agent loop shows it to the model."""
         from mcp.shared.exceptions import MCPError
 
         try:
             return await coro
         except MCPError as exc:
-            if exc.code == -32000 or self._ended.is_set() or self._client is None:
+            if exc.code == -32000 or self._dead():
                 raise self._gone(f"the session is gone ({exc.error.message})") from exc
             raise
-        except (OSError, EOFError, RuntimeError) as exc:
+        except (OSError, EOFError) as exc:
             raise self._gone(f"the session is gone ({type(exc).__name__}: {exc})") from exc
+        except RuntimeError as exc:
+            if self._dead():
+                raise self._gone(f"the session is gone ({exc})") from exc
+            raise
         except Exception as exc:
             import anyio
 
@@ -276,17 +296,17 @@ class MCPToolset:
 
     def _list(self) -> list[Any]:
         if self._listing is None:
-            async def fetch() -> list[Any]:
+            async def fetch(client: Any) -> list[Any]:
                 tools: list[Any] = []
                 cursor = None
                 while True:
-                    page = await self._client.list_tools(cursor=cursor, cache_mode="bypass")
+                    page = await client.list_tools(cursor=cursor, cache_mode="bypass")
                     tools += page.tools
                     cursor = page.next_cursor
                     if not cursor:
                         return tools
 
-            future = self._submit(self._guarded(fetch()))
+            future = self._submit(lambda client: fetch(client))
             try:
                 self._listing = self._wait(future, self.connect_timeout)
             except TimeoutError as exc:
@@ -332,7 +352,7 @@ class MCPToolset:
         the agent loop turns into an error response, and ``ToolServerError``."""
         import anyio.to_thread
 
-        future = self._submit(self._guarded(self._client.call_tool(name, dict(arguments))))
+        future = self._submit(lambda client: client.call_tool(name, dict(arguments)))
         try:
             result = await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
         finally:
@@ -346,7 +366,7 @@ class MCPToolset:
         for spec in self._list():
             if spec.name == name and isinstance(spec.output_schema, dict):
                 reader = SchemaReader(spec.output_schema)
-        future = self._submit(self._guarded(self._client.call_tool(name, dict(arguments))))
+        future = self._submit(lambda client: client.call_tool(name, dict(arguments)))
         return self._content(name, self._wait(future, self.timeout), reader)
 
     def _content(self, name: str, result: Any, reader: SchemaReader | None) -> str:
@@ -397,16 +417,27 @@ class MCPToolError(Exception):
 
 
 def _shutdown(loop: asyncio.AbstractEventLoop | None, stop: asyncio.Event | None,
-              thread: threading.Thread | None) -> None:
-    """Ask the session's loop to end the session, and wait for its thread (a module
-    function: the finalizer must not hold the toolset)."""
+              thread: threading.Thread | None, task: asyncio.Task[Any] | None = None,
+              up: threading.Event | None = None) -> None:
+    """Ask the session's loop to end the session (a session still connecting is
+    cancelled), and wait for its thread (a module function: the finalizer must not hold
+    the toolset)."""
     if loop is not None and stop is not None and not loop.is_closed():
         try:
             loop.call_soon_threadsafe(stop.set)
+            if task is not None and up is not None:
+                loop.call_soon_threadsafe(_cancel_unless_up, task, up)
         except RuntimeError:  # the loop closed meanwhile
             pass
     if thread is not None and thread is not threading.current_thread():
         thread.join(timeout=30)
+
+
+def _cancel_unless_up(task: asyncio.Task[Any], up: threading.Event) -> None:
+    """On the session's loop: a session that never came up (the server never answered
+    ``initialize``) is cancelled, which stops its process; a live one ends by ``stop``."""
+    if not task.done() and not up.is_set():
+        task.cancel()
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -158,9 +158,14 @@ def test_a_server_that_dies_mid_run_is_named(smol: Model, no_leftover_server: No
         with pytest.raises(ToolServerError) as info:
             run_forced(smol, server.tools(), "die")
         assert info.value.server == server.name and "gone" in str(info.value)
+        with pytest.raises(ToolServerError):  # a call on a dead session: named, not a
+            server.call("add", {"a": 1, "b": 2})  # tool error the model would be shown
+
+        async def acall() -> str:
+            return await server.acall("add", {"a": 1, "b": 2})
+
         with pytest.raises(ToolServerError):
-            server.tools()[0]  # the listing is cached; a call is not
-            server.call("add", {"a": 1, "b": 2})
+            anyio.run(acall)
 
 
 def test_an_input_schema_chatkit_cannot_enforce_is_refused_when_made(
@@ -178,6 +183,21 @@ def test_a_server_that_cannot_start_is_named(no_leftover_server: None) -> None:
     with pytest.raises(ToolServerError) as info:
         MCPToolset.stdio("chatkit-no-such-program --x", connect_timeout=10).open()
     assert "could not connect" in str(info.value)
+
+
+def test_a_server_that_never_answers_is_stopped() -> None:
+    """It starts but never completes ``initialize``: refused after ``connect_timeout``, and
+    its process does not outlive the refusal."""
+    marker = "chatkit-never-initializes"
+    command = [sys.executable, "-c", f"import time; time.sleep(120)  # {marker}"]
+    started = time.monotonic()
+    with pytest.raises(ToolServerError, match="no session within 2"):
+        MCPToolset.stdio(command, connect_timeout=2).open()
+    assert time.monotonic() - started < 20
+    deadline = time.monotonic() + 10
+    while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the server's process was left running"
+        time.sleep(0.1)
 
 
 def _free_port() -> int:
