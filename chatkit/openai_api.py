@@ -80,9 +80,9 @@ def bad(message: str, param: str | None = None, code: str = "invalid_value") -> 
     return RequestError(400, message, param=param, code=code)
 
 
-MAX_BODY_DEPTH = 64
+MAX_BODY_DEPTH = 128
 """Deepest nesting of arrays and objects a request body may have (a JSON Schema nesting 32
-subschemas, chatkit's own limit, is about 70 levels of JSON: bodies past 64 are refused)."""
+subschemas, chatkit's own limit, is about 70 levels of JSON inside a body)."""
 
 
 def check_body(body: Any) -> None:
@@ -257,11 +257,19 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise bad(why, key, "unsupported_parameter")
 
 
-def _logprobs(body: Mapping[str, Any]) -> int | None:
+def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:
     """Chat: ``logprobs: true`` with ``top_logprobs`` 0-20; completions: ``logprobs`` as the
-    number of alternatives, 0-5 (the legacy API's shape)."""
+    number of alternatives, 0-5 (the legacy API's shape). Each endpoint's own shape only."""
     value = body.get("logprobs")
     top = body.get("top_logprobs")
+    if not chat:
+        if top is not None:
+            raise bad("top_logprobs is chat's; completions take logprobs: N (0-5)",
+                      "top_logprobs")
+        if isinstance(value, bool):
+            raise bad("completions take logprobs: N (0-5), not a boolean", "logprobs")
+    elif value is not None and not isinstance(value, bool):
+        raise bad("chat takes logprobs: true with top_logprobs: N (0-20)", "logprobs")
     if value is None or value is False:
         if top not in (None, 0):
             raise bad("top_logprobs needs logprobs: true", "top_logprobs")
@@ -278,7 +286,8 @@ def _logprobs(body: Mapping[str, Any]) -> int | None:
     return int(value)
 
 
-def _sampling(body: Mapping[str, Any], limits: ServerLimits) -> Sampling:
+def _sampling(body: Mapping[str, Any], limits: ServerLimits, *, chat: bool = True
+              ) -> Sampling:
     s = Sampling()
     temperature = _get(body, "temperature", (int, float), 1.0)
     if not 0 <= temperature <= 2:
@@ -293,7 +302,7 @@ def _sampling(body: Mapping[str, Any], limits: ServerLimits) -> Sampling:
         if not -2 <= value <= 2:
             raise bad(f"{key} must be in [-2, 2], got {value}", key)
         setattr(s, key, float(value))
-    s.logprobs = _logprobs(body)
+    s.logprobs = _logprobs(body, chat)
     repetition = _get(body, "repetition_penalty", (int, float), 1.0)
     if not 0 < repetition <= 10:
         raise bad(f"repetition_penalty must be in (0, 10], got {repetition}",
@@ -440,6 +449,9 @@ def parse_chat(body: Any, limits: ServerLimits) -> ChatRequest:
     if threshold is not None and not 0 <= threshold <= 1:
         raise bad(f"tool_call_threshold must be in [0, 1], got {threshold}",
                   "tool_call_threshold")
+    if threshold is not None and not tools:
+        raise bad("tool_call_threshold decides tool_choice auto: it needs tools",
+                  "tool_call_threshold")
     request = ChatRequest(model=_get(body, "model", str), history=head + rest, text=text,
                           schema=schema, tools=tools, tool_choice=choice,
                           parallel_tool_calls=parallel, no_think=_no_think(body),
@@ -468,7 +480,7 @@ def parse_completion(body: Any, limits: ServerLimits) -> CompletionRequest:
     elif not isinstance(prompt, str) or not prompt:
         raise bad("prompt must be a non-empty string, or one array of token ids", "prompt")
     request = CompletionRequest(model=_get(body, "model", str), prompt=prompt,
-                                sampling=_sampling(body, limits),
+                                sampling=_sampling(body, limits, chat=False),
                                 return_token_ids=_get(body, "return_token_ids", bool, False))
     request.schema = _response_format(body.get("response_format"))
     so = _get(body, "structured_outputs", dict, {})

@@ -77,6 +77,9 @@ class Capabilities:
     """The ``format`` values it enforces (None: every one chatkit accepts)."""
     integer_bounds_only: bool = False
     """``minimum``/``maximum`` are enforced on integers only (llama.cpp's own converter)."""
+    lengths_with_pattern: bool = True
+    """``minLength``/``maxLength`` are enforced beside a ``pattern`` (GBNF converters drop
+    them there)."""
 
 
 # llama-cpp-python 0.3.36's JSON-schema-to-GBNF converter (llama_cpp/llama_grammar.py,
@@ -109,7 +112,8 @@ _LLAMA_GBNF_IGNORES = frozenset({
     "unevaluatedItems"})
 _DATE_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
 LLAMA_SERVER_GBNF = Capabilities(True, False, True, _LLAMA_GBNF_IGNORES,
-                                 string_formats=_DATE_FORMATS, integer_bounds_only=True)
+                                 string_formats=_DATE_FORMATS, integer_bounds_only=True,
+                                 lengths_with_pattern=False)
 """A llama-server without llguidance: JSON schemas through its own converter only."""
 
 CAPABILITIES: dict[str, Capabilities] = {
@@ -121,7 +125,8 @@ CAPABILITIES: dict[str, Capabilities] = {
     "llama-cpp-python": Capabilities(False, False, True, _GBNF_IGNORES,
                                      string_formats=frozenset({"date", "time", "date-time",
                                                                "uuid", "uuid1", "uuid2",
-                                                               "uuid3", "uuid4", "uuid5"})),
+                                                               "uuid3", "uuid4", "uuid5"}),
+                                     lengths_with_pattern=False),
 }
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties",
@@ -166,7 +171,7 @@ def schema_refusal(caps: Capabilities, schema: Any) -> str | None:
                         & node.keys())
         if caps.integer_bounds_only and bounds and node.get("type") != "integer":
             return f"the JSON Schema keyword {bounds[0]!r} at {where} (integers only)"
-        if ("pattern" in node and caps.schema_ignores is _GBNF_IGNORES
+        if ("pattern" in node and not caps.lengths_with_pattern
                 and {"minLength", "maxLength"} & node.keys()):
             return f"minLength/maxLength beside a pattern at {where}"
         fmt = node.get("format")

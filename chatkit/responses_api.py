@@ -57,6 +57,9 @@ def to_chat_body(body: Any) -> dict[str, Any]:
                   "include", "unsupported_parameter")
     if body.get("top_logprobs"):
         raise bad("logprobs are not returned", "top_logprobs", "unsupported_parameter")
+    if body.get("max_tool_calls") is not None:
+        raise bad("max_tool_calls is not supported (parallel_tool_calls: false allows one)",
+                  "max_tool_calls", "unsupported_parameter")
     chat: dict[str, Any] = {"messages": _messages(body)}
     for src, dst in (("model", "model"), ("temperature", "temperature"), ("top_p", "top_p"),
                      ("parallel_tool_calls", "parallel_tool_calls"), ("stream", "stream"),
@@ -163,7 +166,12 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             parts = item.get("summary") or item.get("content") or []
-            reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, Mapping))
+            if not isinstance(parts, list) or not all(
+                    isinstance(p, Mapping) and isinstance(p.get("text", ""), str)
+                    for p in parts):
+                raise bad(f"{where}: a reasoning item's summary is an array of "
+                          "{type, text} parts", "input")
+            reasoning = "".join(p.get("text", "") for p in parts)
         else:
             raise bad(f"{where}: {kind!r} items are not supported (messages, function_call, "
                       "function_call_output and reasoning are)", "input", "unsupported_item")
@@ -389,11 +397,11 @@ class ResponseStream:
         yield self.event("response.output_item.done", output_index=opened["index"], item=item)
         self.items.append(item)
 
-    def _close_call(self) -> Iterator[str]:
+    def _close_call(self, status: str = "completed") -> Iterator[str]:
         if self.open_call is None:
             return
         opened, self.open_call = self.open_call, None
-        item = {**opened["item"], "status": "completed"}
+        item = {**opened["item"], "status": status}
         yield self.event("response.function_call_arguments.done", output_index=opened["index"],
                          item_id=item["id"], arguments=item["arguments"], name=item["name"])
         yield self.event("response.output_item.done", output_index=opened["index"], item=item)
@@ -403,7 +411,7 @@ class ResponseStream:
         """The end: open items closed, then ``response.completed`` (``incomplete`` when
         the reply was cut at max_output_tokens)."""
         yield from self._close_reasoning()
-        yield from self._close_call()
+        yield from self._close_call("completed" if reply is not None else "incomplete")
         if self.message_id is None and not self.items:
             yield from self._open_message()  # an empty answer is still a message
         yield from self._close_message()

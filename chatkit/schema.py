@@ -495,13 +495,23 @@ def close_objects(doc: dict[str, Any]) -> None:
     names a key ``properties`` does not declare, and objects with ``patternProperties``
     or ``unevaluatedProperties``."""
     in_all_of: set[int] = set()
+
+    def mark(branch: Any) -> None:  # a branch and every local $ref it reaches
+        for _, sub in _walk(branch, ""):
+            if id(sub) in in_all_of:
+                continue
+            in_all_of.add(id(sub))
+            target = _local_ref(doc, sub.get("$ref"))
+            if target is not None:
+                mark(target)
+
     for _, node in _walk(doc, ""):
         if id(node) in in_all_of:
             continue
         branches = node.get("allOf")
         if isinstance(branches, list):
             for branch in branches:
-                in_all_of.update(id(sub) for _, sub in _walk(branch, ""))
+                mark(branch)
         props = node.get("properties")
         if node.get("type") != "object" or not isinstance(props, dict):
             continue
@@ -511,6 +521,19 @@ def close_objects(doc: dict[str, Any]) -> None:
                 or any(name not in props for name in required)):
             continue
         node.setdefault("additionalProperties", False)
+
+
+def _local_ref(doc: Any, ref: Any) -> dict[str, Any] | None:
+    """The subschema a ``#/...`` reference names in ``doc`` (None: not local, or absent)."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node: Any = doc
+    for part in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node if isinstance(node, dict) else None
 
 
 def json_options(whitespace: Whitespace = "compact") -> dict[str, Any]:

@@ -53,6 +53,7 @@ from .openai_api import (
     usage_body,
 )
 from .responses_api import (
+    Output,
     ResponseStream,
     output_items,
     response_body,
@@ -396,7 +397,7 @@ class ChatkitServer:
                 if delta is not None:
                     if lane.deltas is None:
                         yield chunk(i, {"content": delta})
-                    elif lane.finish is None:  # markup read as it is written
+                    else:  # markup read as it is written (to the last delta, cut or not)
                         for part in lane.deltas.feed(delta):
                             yield chunk(i, part)
                     continue
@@ -436,10 +437,18 @@ class ChatkitServer:
             return StreamingResponse(self._responses_sse(lanes, rid, created, raw),
                                      media_type="text/event-stream")
         await self._collect(request, lanes)
-        lane = lanes[0]
-        return JSONResponse(response_body(rid, created, self.name, raw,
-                                          output_items(lane.reply, lane.text),
-                                          self._responses_usage(lanes)))
+        lane, usage = lanes[0], self._responses_usage(lanes)
+        if lane.reply is None and lane.deltas is not None:
+            # cut at max_output_tokens inside markup: the items read from it so far
+            builder = ResponseStream(rid, created, self.name, raw)
+            for _ in builder.parts(lane.deltas.feed(lane.text)):
+                pass
+            for _ in builder.finish(None, usage):
+                pass
+            output = Output(builder.items, True)
+        else:
+            output = output_items(lane.reply, lane.text)
+        return JSONResponse(response_body(rid, created, self.name, raw, output, usage))
 
     def _responses_usage(self, lanes: list[_Lane]) -> dict[str, Any]:
         chat = self._usage(lanes)
@@ -459,7 +468,7 @@ class ChatkitServer:
                 if lane.deltas is None:
                     for event in stream.delta(delta):
                         yield event
-                elif lane.finish is None:  # markup read as it is written
+                else:  # markup read as it is written (to the last delta, cut or not)
                     for event in stream.parts(lane.deltas.feed(delta)):
                         yield event
             reply = lane.reply

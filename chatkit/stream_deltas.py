@@ -33,31 +33,38 @@ def _held(text: str, marker: str) -> int:
     return 0
 
 
-def _json_end(text: str) -> int | None:
-    """The index just past the JSON value starting ``text`` (compact JSON), None when it
-    has not ended yet."""
-    depth, in_string, escaped = 0, False, False
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
+class _JsonEnd:
+    """Finds where a compact JSON value ends, fed in pieces (the state is kept, so a long
+    value costs one pass over its characters, not one per piece)."""
+
+    def __init__(self) -> None:
+        self.depth, self.in_string, self.escaped, self.seen = 0, False, False, False
+
+    def feed(self, text: str) -> int | None:
+        """The index in ``text`` just past the value's end; None: not ended yet."""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return i + 1
             elif ch == '"':
-                in_string = False
-                if depth == 0:
+                self.in_string, self.seen = True, True
+            elif ch in "{[":
+                self.depth, self.seen = self.depth + 1, True
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
                     return i + 1
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        elif depth == 0 and ch in ",}\n":
-            return i
-    return None
+            elif self.depth == 0 and self.seen and ch in ",}\n":
+                return i
+            else:
+                self.seen = True
+        return None
 
 
 class ReplyDeltas:
@@ -151,15 +158,15 @@ class ReplyDeltas:
             return None  # the name is still being written
         self.pos += skip + head.end()
         call = {"id": f"call_{secrets.token_hex(12)}", "name": json.loads(f'"{head.group(1)}"'),
-                "arguments": "", "ended": False, "closed": False}
+                "arguments": "", "ended": False, "closed": False, "scan": _JsonEnd()}
         self.calls.append(call)
         return {"tool_calls": [{"index": len(self.calls) - 1, "id": call["id"],
                                 "type": "function",
                                 "function": {"name": call["name"], "arguments": ""}}]}
 
     def _arguments(self, call: dict[str, Any], rest: str) -> dict[str, Any] | None:
-        end = _json_end(call["arguments"] + rest)
-        fragment = rest if end is None else rest[: end - len(call["arguments"])]
+        end = call["scan"].feed(rest)
+        fragment = rest if end is None else rest[:end]
         call["ended"] = end is not None
         self.pos += len(fragment)
         if not fragment:

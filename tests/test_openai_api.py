@@ -101,7 +101,7 @@ def test_penalties_reach_the_sampler() -> None:
 
 
 @pytest.mark.parametrize(("body", "code"), [
-    (json.loads("[" * 65 + "]" * 65), "body_too_deep"),
+    (json.loads("[" * 129 + "]" * 129), "body_too_deep"),
     ({"messages": [{"role": "user", "content": "\ud800"}]}, "invalid_unicode"),
     ({"messages": [{"role": "user", "content": "x", "\udfff": 1}]}, "invalid_unicode"),
 ])

@@ -223,6 +223,9 @@ def test_closing_leaves_alone_what_it_would_change() -> None:
     assert accepts(json_grammar(undeclared), '{"a":1,"z":2}')
     patterned = {**obj, "patternProperties": {"^p": {"type": "integer"}}}
     assert accepts(json_grammar(patterned), '{"a":1,"q":2}')
+    refs = {"$defs": {"A": obj, "B": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+            "allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}
+    assert accepts(json_grammar(refs), '{"a":1,"b":2}')  # branches reached by $ref too
     nested = {"type": "object", "properties": {"in": obj}}
     g = json_grammar(nested)
     assert not accepts(g, '{"in":{"a":1,"b":2}}') and not accepts(g, '{"in":{},"z":1}')

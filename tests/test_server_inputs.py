@@ -41,7 +41,7 @@ def chat_body(**extra: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("name", "raw", "code"), [
     ("100,000 levels deep", "[" * 100_000 + "]" * 100_000, "body_too_deep"),
-    ("65 levels deep", json.dumps(chat_body(metadata=json.loads("[" * 65 + "]" * 65))),
+    ("129 levels deep", json.dumps(chat_body(metadata=json.loads("[" * 129 + "]" * 129))),
      "body_too_deep"),
     ("a lone surrogate", json.dumps(chat_body()).replace('"Hi"', '"Hi \\ud800"'),
      "invalid_unicode"),
