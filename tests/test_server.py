@@ -319,7 +319,7 @@ def test_errors_have_openai_shape(server: _Running) -> None:
         ({"model": NAME, "messages": msgs, "tool_choice": {"type": "function",
                                                            "function": {"name": "x"}}},
          400, "tool_choice"),
-        ({"model": NAME, "messages": msgs, "logprobs": True}, 400, "logprobs"),
+        ({"model": NAME, "messages": msgs, "logit_bias": {"1": 5}}, 400, "logit_bias"),
         ({"model": NAME, "messages": msgs, "n": 9}, 400, "n"),
         ({"model": NAME, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          400, "messages"),
