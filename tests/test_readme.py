@@ -258,3 +258,47 @@ def test_not_run_blocks_are_the_ones_named() -> None:
     texts = [text for lang, _, text in blocks() if lang == "sh"]
     for marker in NOT_RUN:
         assert any(marker in t for t in texts), f"NOT_RUN names {marker!r}, no block has it"
+
+
+def test_pydantic_ai_agent_on_the_readme_server(served: int) -> None:
+    """pydantic-ai's Agent with a tool and an output type against the README's serve
+    command: its first request fits a sequence's context (it was a 400 with 1,024 tokens
+    per sequence). The run ends with the output, at the request limit when the small model
+    keeps calling, or with pydantic-ai's complaint about what the model wrote; never with
+    an HTTP error."""
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.usage import UsageLimits
+
+    class Forecast(BaseModel):
+        city: str
+        rain: bool
+
+    async def run() -> None:
+        import openai
+
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{served}/v1",
+                                      api_key="KEY", max_retries=0) as client:
+            model = OpenAIChatModel("smollm2", provider=OpenAIProvider(openai_client=client))
+            agent = Agent(model, output_type=Forecast,
+                          system_prompt="You forecast the weather.")
+
+            @agent.tool_plain
+            def get_weather(city: str) -> str:
+                """Weather in a city."""
+                return "12 C, rain"
+
+            try:
+                result = await agent.run("Will it rain in Oslo?",
+                                         usage_limits=UsageLimits(request_limit=3),
+                                         model_settings={"max_tokens": 96, "temperature": 0})
+                assert isinstance(result.output, Forecast)
+            except (UsageLimitExceeded, UnexpectedModelBehavior):
+                pass  # what the small model did; a 4xx/5xx (ModelHTTPError) is not caught
+
+    import anyio
+
+    anyio.run(run)

@@ -107,3 +107,22 @@ def test_reply_deltas_add_up_on_any_split() -> None:
                 args[tc["index"]] = args.get(tc["index"], "") + tc["function"]["arguments"]
         assert [json.loads(a) for a in args.values()] == [{"s": '}"{', "n": [1, {"k": 2}]},
                                                           {}]
+
+
+def test_langchain_streams_tool_call_chunks(client: Any) -> None:
+    """LangChain's ChatOpenAI: tool-call chunks arrive as the arguments are written, and
+    add up to one call with the tool's arguments."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+
+    llm = langchain_openai.ChatOpenAI(model=NAME, base_url=str(client.base_url),
+                                      api_key="unused", temperature=0, max_tokens=96,
+                                      max_retries=0)
+    bound = llm.bind_tools([WEATHER], tool_choice="get_weather", parallel_tool_calls=False)
+    chunks = list(bound.stream("Weather in Rome for three days?"))
+    pieces = [c for chunk in chunks for c in chunk.tool_call_chunks if c.get("args")]
+    assert len(pieces) > 2  # fragments, not one chunk at the end
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total = total + chunk
+    (call,) = total.tool_calls
+    assert call["name"] == "get_weather" and set(call["args"]) == {"city", "days"}
