@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 from .engine import GenerateRequest, GenerateResult, Vocabulary
 from .errors import InvalidParameter, RemoteError, RemoteUnsupported
 from .messages import messages_to_openai
-from .schema import closed_objects
+from .schema import closed_objects, subschemas
 
 __all__ = ["RemoteEngine"]
 
@@ -129,40 +129,10 @@ CAPABILITIES: dict[str, Capabilities] = {
                                      lengths_with_pattern=False),
 }
 
-_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties",
-                          "dependentSchemas"})
-_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else",
-                         "contains", "propertyNames", "unevaluatedProperties",
-                         "unevaluatedItems", "additionalItems"})
-
-
-def _subschemas(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """(JSON pointer, subschema) for every subschema; data keywords (enum, const, default,
-    examples) are not walked, so a property named ``minimum`` is not the keyword."""
-    if not isinstance(node, dict):
-        return
-    yield path, node
-    for key, value in node.items():
-        here = f"{path}/{key}"
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            for name, sub in value.items():
-                yield from _subschemas(sub, f"{here}/{name}")
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield from _subschemas(sub, f"{here}/{i}")
-        elif key in _SCHEMA_ONE:
-            if isinstance(value, list):
-                for i, sub in enumerate(value):
-                    yield from _subschemas(sub, f"{here}/{i}")
-            else:
-                yield from _subschemas(value, here)
-
-
 def schema_refusal(caps: Capabilities, schema: Any) -> str | None:
     """What in ``schema`` a server of these capabilities would not enforce (None: all of
     it), as words for ``RemoteUnsupported``."""
-    for path, node in _subschemas(schema):
+    for path, node in subschemas(schema):
         where = path or "/"
         ignored = sorted(caps.schema_ignores & node.keys())
         if ignored:

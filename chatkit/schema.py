@@ -827,6 +827,13 @@ def _find(schema: Any, pred: Any) -> str | None:
     return None
 
 
+def subschemas(doc: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(JSON pointer, subschema) for every subschema of ``doc``, depth first; data keywords
+    (``enum``, ``const``, ``default``, ``examples``) are not walked, and a property named
+    like a keyword is a name, not the keyword."""
+    return _walk(doc, "")
+
+
 def _walk(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield (pointer, subschema) for every schema object, depth first, in document order."""
     if not isinstance(node, dict):

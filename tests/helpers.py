@@ -5,12 +5,15 @@ that let a test force what a real model would only probably do."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Any, Literal
 
+import httpx
 import numpy as np
 from pydantic import BaseModel, Field
 
@@ -274,3 +277,27 @@ def _events(body: dict[str, Any]) -> bytes:
     events.append({"choices": [], "usage": body.get("usage")})
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + \
         b"data: [DONE]\n\n"
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen[Any], *, timeout: float = 120.0,
+                       ok: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200,
+                       why: Callable[[], str] = lambda: "the server did not start") -> None:
+    """Poll ``url`` until its answer is ``ok``; fails the test (with ``why()``) when
+    ``proc`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if ok(httpx.get(url, timeout=2)):
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, why()
+        time.sleep(0.2)
+

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import TextIO
 
 import anyio
-import httpx
 import pytest
 from pydantic import BaseModel, Field
 
@@ -31,6 +29,7 @@ from chatkit import (
     ToolServerError,
     tool,
 )
+from tests.helpers import free_port, wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "tests" / "fixtures" / "mcp_server.py"
@@ -200,27 +199,14 @@ def test_a_server_that_never_answers_is_stopped() -> None:
         time.sleep(0.1)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def http_url() -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([*COMMAND, "--http", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/mcp"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url, timeout=1)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
+        wait_until_serving(url, proc, timeout=60, ok=lambda r: True)  # any answer: it is up
         yield url
     finally:
         proc.terminate()

@@ -17,15 +17,14 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+
+from tests.helpers import free_port, wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -135,12 +134,6 @@ def test_gpu_block_runs_on_any_build() -> None:
     assert namespace["model"].placement.reason
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _shell_lines(name: str) -> list[str]:
     """The block's commands: continuation lines joined, comments dropped."""
     _, text = find("sh", SHELL[name])
@@ -208,22 +201,14 @@ def test_run_block_exits_0_with_the_closed_object() -> None:
 def served() -> Any:
     """The README's `chatkit serve` line, on a free port instead of 8000."""
     (line,) = [x for x in _shell_lines("serve") if x.startswith("chatkit serve")]
-    port = _free_port()
+    port = free_port()
     argv = _argv(line.replace("--port 8000", f"--port {port}"))
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until_serving(base + "/health", proc,
+                           why=lambda: proc.stderr.read() if proc.stderr else "")
         yield port
     finally:
         proc.terminate()

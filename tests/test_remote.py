@@ -7,12 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import anyio
-import httpx
 import pytest
 from pydantic import BaseModel, Field
 
@@ -32,8 +30,8 @@ from chatkit import (
     tool,
 )
 from chatkit.server import ChatkitServer
-from tests.helpers import Script, completion
-from tests.test_server import NAME, _free_port, _Running
+from tests.helpers import Script, completion, free_port, wait_until_serving
+from tests.test_server import NAME, _Running
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -166,7 +164,7 @@ def test_remote_refuses_speculation_and_custom_processors(remote: RemoteEngine) 
 
 # ---------------------------------------------------------- capability table
 def test_a_kind_refuses_what_it_cannot_enforce_before_any_request(vocab: Model) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: a request would be RemoteError
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: a request would be RemoteError
     engine = RemoteEngine(dead, kind="openai", model="m", vocab=vocab, retries=0)
     conv = Conversation(engine)
     with pytest.raises(RemoteUnsupported, match="regex"):
@@ -229,7 +227,7 @@ def test_faults_are_named_and_leave_the_conversation(script: Script,
 
 
 def test_server_down_is_remote_error(vocab: Model) -> None:
-    engine = RemoteEngine(f"http://127.0.0.1:{_free_port()}", kind="chatkit", model="m",
+    engine = RemoteEngine(f"http://127.0.0.1:{free_port()}", kind="chatkit", model="m",
                           vocab=vocab, retries=0)
     with pytest.raises(RemoteError, match="unreachable"):
         Conversation(engine).send("hi", max_tokens=4)
@@ -240,22 +238,14 @@ def test_server_down_is_remote_error(vocab: Model) -> None:
 def llama_cpp_server(smol: Model) -> Iterator[str]:
     pytest.importorskip("llama_cpp.server")
     pytest.importorskip("sse_starlette")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model",
                              str(smol.path), "--port", str(port), "--n_ctx", "2048",
                              "--model_alias", "smol"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
+        wait_until_serving(base + "/v1/models", proc)
         yield base
     finally:
         proc.terminate()
@@ -378,21 +368,13 @@ def llama_server() -> Iterator[str]:
     from chatkit.model import default_model_path
 
     assert LLAMA_SERVER is not None
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([LLAMA_SERVER, "-m", str(default_model_path()), "--host",
                              "127.0.0.1", "--port", str(port), "-c", "2048", "-np", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until_serving(base + "/health", proc)
         yield base
     finally:
         proc.terminate()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from chatkit import Model
 from chatkit.openai_api import ServerLimits
 from chatkit.scheduler import engine_loop
 from chatkit.server import ChatkitServer
+from tests.helpers import free_port, wait_until_serving
 
 openai = pytest.importorskip("openai")
 
@@ -30,18 +30,12 @@ NAME = "smollm2"
 KEY = "test-key"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Running:
     def __init__(self, server: ChatkitServer) -> None:
         import uvicorn
 
         self.server = server
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(server.app, host="127.0.0.1", port=self.port,
                                 log_level="warning", access_log=False)
@@ -493,7 +487,7 @@ def test_instructor_modes(client: Any, mode: str) -> None:
 
 # ------------------------------------------------------------------ the command
 def test_chatkit_serve_command(tmp_path: Any) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "CHATKIT_API_KEY": KEY}
     log = tmp_path / "serve.log"
     out = log.open("w")
@@ -502,16 +496,7 @@ def test_chatkit_serve_command(tmp_path: Any) -> None:
                             env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until_serving(base + "/health", proc, why=log.read_text)
         with openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0) as c:
             r = c.chat.completions.create(model="m", max_tokens=40, temperature=0,
                                           response_format={"type": "json_object"},
