@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .backends import BuildInfo, Device
     from .batch import BatchItem, asend_batch, send_batch
     from .constraints import Constraint
-    from .conversation import AsyncReplyStream, Conversation, ReplyStream
+    from .conversation import Conversation
     from .decoding import Generation, generate
     from .engine import (
         Engine,
@@ -56,8 +56,10 @@ if TYPE_CHECKING:
     from .mcp import MCPToolset
     from .messages import FinishReason, Message, Reply, Role, ToolCall, Usage
     from .model import Model, Placement, build_info
+    from .options import TurnOptions
     from .quorum import QuorumOptions, QuorumResult, aquorum, quorum
     from .remote import RemoteEngine
+    from .runner import AsyncReplyStream, ReplyStream
     from .sampling import (
         CheckingProcessor,
         DraftAwareProcessor,
@@ -71,7 +73,6 @@ if TYPE_CHECKING:
     from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
     from .templates import ChatTemplate, Segment
     from .tools import ModelRetry, Tool, ToolDefinition, tool
-    from .turn import TurnOptions
 
 _LAZY = {
     "ToolResult": "agent",
@@ -82,9 +83,9 @@ _LAZY = {
     "asend_batch": "batch",
     "send_batch": "batch",
     "Constraint": "constraints",
-    "AsyncReplyStream": "conversation",
+    "AsyncReplyStream": "runner",
     "Conversation": "conversation",
-    "ReplyStream": "conversation",
+    "ReplyStream": "runner",
     "Generation": "decoding",
     "generate": "decoding",
     "Engine": "engine",
@@ -130,7 +131,7 @@ _LAZY = {
     "Tool": "tools",
     "ToolDefinition": "tools",
     "tool": "tools",
-    "TurnOptions": "turn",
+    "TurnOptions": "options",
 }
 
 

@@ -23,8 +23,9 @@ from typing import Any
 from .concurrency import run_coroutine_sync
 from .errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError, ToolServerError
 from .messages import Reply, ToolCall
+from .options import TurnOptions
+from .plan import SchemaArg
 from .tools.definition import ModelRetry, Tool, check_tools
-from .turn import SchemaArg, TurnOptions
 
 __all__ = ["ToolResult", "execute_calls"]
 

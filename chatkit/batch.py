@@ -15,16 +15,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Unpack, overload
+from typing import Any, Literal, Unpack, cast, overload
 
 from .concurrency import engine_limiter
 from .constraints import Constraint
 from .conversation import Conversation
-from .engine import SAFE_PREFILL_CHUNK, Engine, GenerateEngine, SeqChunk
+from .engine import SAFE_PREFILL_CHUNK, Engine, SeqChunk, StepEngine
 from .errors import ChatkitError, InvalidParameter, SharedProcessorError
 from .messages import Reply
+from .options import TurnOptions, check_options
+from .plan import SchemaArg, common_prefix
+from .runner import Results, run_all
 from .sampling import LogitProcessor
-from .turn import SchemaArg, Turn, TurnOptions, check_options, common_prefix, run_remote
+from .turn import Turn
 
 __all__ = ["BatchItem", "asend_batch", "send_batch"]
 
@@ -66,11 +69,8 @@ def send_batch(items: Sequence[BatchItem], *, return_exceptions: bool = False,
     if not items:
         return []
     turns = _prepare(items, schema, options)
-    results: list[Reply[Any] | ChatkitError | None] = [None] * len(turns)
-    if isinstance(turns[0].engine, GenerateEngine):
-        _concurrent(turns, results)  # a remote engine batches concurrent requests itself
-    else:
-        _Lockstep(turns, results).run()
+    results: Results = [None] * len(turns)
+    run_all(turns, results, lambda ts, rs: _Lockstep(ts, rs).run())
     done = [r for r in results if r is not None]
     if not return_exceptions:
         for r in done:
@@ -155,22 +155,6 @@ def _prepare(items: Sequence[BatchItem], schema: SchemaArg,
     return [conv.plan(text, opts.pop("schema", None), **opts) for conv, text, opts in per_item]
 
 
-def _concurrent(turns: list[Turn], results: list[Reply[Any] | ChatkitError | None]) -> None:
-    """Every turn as its own request, all at once (a remote engine's continuous batching
-    shares the forward passes; its prefix cache shares the prompt)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(i: int) -> None:
-        try:
-            results[i] = run_remote(turns[i])
-        except ChatkitError as exc:
-            results[i] = exc
-
-    with ThreadPoolExecutor(max_workers=min(64, len(turns)),
-                            thread_name_prefix="chatkit-remote") as pool:
-        list(pool.map(one, range(len(turns))))
-
-
 class _Lockstep:
     """The scheduler: admit, prefill (shared prefixes once), then one decode per step."""
 
@@ -178,7 +162,7 @@ class _Lockstep:
                  results: list[Reply[Any] | ChatkitError | None]) -> None:
         self.turns = turns
         self.results = results
-        self.model = turns[0].local
+        self.model = cast(StepEngine, turns[0].engine)  # run_all: a local engine
         self.waiting = deque(range(len(turns)))
         self.live: list[int] = []
 
@@ -249,28 +233,26 @@ class _Lockstep:
         turns = {i: self.turns[i] for i in admitted}
         for t in turns.values():
             t.begin()
-        lead = admitted[0]
-        lead_dec = turns[lead].decoder
-        start = {i: turns[i].decoder.reuse for i in admitted}
+        lead = turns[admitted[0]]
+        start = {i: turns[i].reuse for i in admitted}
         followers: list[int] = []
         shared = 0
         for i in admitted[1:]:
-            d = turns[i].decoder
-            lcp = min(common_prefix(lead_dec.prompt, d.prompt),
-                      len(lead_dec.prompt) - 1, len(d.prompt) - 1)
-            if (model.kv_unified and lcp >= MIN_SHARED_PREFIX and lcp > d.reuse
-                    and lcp > lead_dec.reuse):
+            t = turns[i]
+            lcp = min(common_prefix(lead.prompt, t.prompt),
+                      len(lead.prompt) - 1, len(t.prompt) - 1)
+            if (model.kv_unified and lcp >= MIN_SHARED_PREFIX and lcp > t.reuse
+                    and lcp > lead.reuse):
                 followers.append(i)
                 shared = lcp if not shared else min(shared, lcp)
         if followers:
-            self._run_parts([(lead, lead_dec.reuse, shared, False)])
+            self._run_parts([(admitted[0], lead.reuse, shared, False)])
             for i in followers:
-                d = turns[i].decoder
-                model.seq_cp(lead_dec.seq_id, d.seq_id, 0, shared)
-                d.adopt_prefix(shared)
+                model.seq_cp(lead.seq_id, turns[i].seq_id, 0, shared)
+                turns[i].adopt_prefix(shared)
                 start[i] = shared
-            start[lead] = shared
-        self._run_parts([(i, start[i], len(turns[i].plan.prompt), True) for i in admitted])
+            start[admitted[0]] = shared
+        self._run_parts([(i, start[i], len(turns[i].prompt), True) for i in admitted])
 
     def _run_parts(self, parts: list[tuple[int, int, int, bool]]) -> None:
         """Evaluate prompt ranges, packed into decodes of <= SAFE_PREFILL_CHUNK tokens; a
@@ -286,7 +268,7 @@ class _Lockstep:
                 take = min(budget, hi - lo)
                 last = lo + take == hi
                 wanted = final and last
-                chunks.append(SeqChunk(turn.decoder.seq_id, lo, turn.plan.prompt[lo : lo + take],
+                chunks.append(SeqChunk(turn.seq_id, lo, turn.prompt[lo : lo + take],
                                        "last" if wanted else "none"))
                 finals.append(i if wanted else None)
                 budget -= take

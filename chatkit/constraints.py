@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from .engine import StepEngine, Vocabulary
+from .engine import Vocabulary
 from .errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from .schema import (
     NUMBER_DIGITS,
@@ -377,7 +377,7 @@ _SPARE_CORE_KEY = ("constraint", "spare_core")
 
 
 def _has_spare_core(model: Vocabulary) -> bool:
-    threads = model.n_threads if isinstance(model, StepEngine) else 0
+    threads = int(getattr(model, "n_threads", 0))  # a remote engine's threads are not ours
     return (os.cpu_count() or 1) > threads
 
 

@@ -14,35 +14,25 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, overload
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 
 if TYPE_CHECKING:  # pydantic (~90 ms) and anyio are imported where they are used
     from pydantic import BaseModel
 
 from .agent import ToolResult, arun_agent, run_agent
-from .concurrency import run_blocking
 from .constraints import Constraint
-from .engine import Engine, GenerateEngine, GenerateResult
+from .engine import Engine
 from .errors import ContextOverflow, InvalidParameter
 from .messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
+from .options import TurnOptions, check_max_tokens, check_options, check_positive, stop_tuple
+from .plan import SchemaArg, TurnContext, TurnPlan, plan_turn
+from .runner import AsyncReplyStream, ReplyStream, drive, local_engine
 from .sampling import Sampler, SamplingParams
-from .scheduler import engine_loop
 from .templates import ChatTemplate
-from .turn import (
-    KVState,
-    SchemaArg,
-    Turn,
-    TurnContext,
-    TurnOptions,
-    check_options,
-    plan_turn,
-    remote_deltas,
-    run_remote,
-    stop_tuple,
-)
+from .turn import KVState, Turn
 
-__all__ = ["AsyncReplyStream", "Conversation", "ReplyStream"]
+__all__ = ["Conversation"]
 
 _log = logging.getLogger("chatkit")
 
@@ -77,17 +67,9 @@ class Conversation:
         think_budget: int = 256,
         context_policy: Literal["drop_oldest"] | None = None,
     ) -> None:
-        if max_tokens < 1:
-            raise InvalidParameter("max_tokens", f"must be >= 1, got {max_tokens}")
-        if think_budget < 1:
-            raise InvalidParameter("think_budget", f"must be >= 1, got {think_budget}")
-        history = messages_from_openai(messages)
-        if history and history[0].role == "system":
-            if system is not None:
-                raise InvalidParameter("system", "given twice: as system= and in messages")
-            system, history = history[0].content, history[1:]
-        if any(m.role == "system" for m in history):
-            raise InvalidParameter("messages", "a system message may only come first")
+        check_max_tokens(max_tokens)
+        check_positive("think_budget", think_budget)
+        system, history = _intake(system, messages)
         self.model = model
         self.system = system
         self.no_think = no_think
@@ -111,8 +93,9 @@ class Conversation:
         """The conversation's sampler; its RNG persists across turns."""
         self.kv = KVState(owner=id(self))
         """Which KV sequence holds this conversation's prompt, and what it holds."""
-        if not isinstance(model, GenerateEngine):  # a local model's KV sequences
-            weakref.finalize(self, model.release_seq_owner, id(self))
+        local = local_engine(model)
+        if local is not None:  # a local model's KV sequences
+            weakref.finalize(self, local.release_seq_owner, id(self))
 
     # ------------------------------------------------------------ state as data
     def history(self) -> list[Message]:
@@ -153,30 +136,22 @@ class Conversation:
         """Plan one turn without running it (every refusal happens here); ``text`` None
         continues from the last message. Drivers (``send_batch``, the engine loop) step
         the returned ``Turn``."""
-        head = self._head()
-        start = 0
-        while True:
-            ctx = TurnContext(engine=self.model, template=self.template,
-                              history=head + self.messages[start:], sampler=self.sampler,
-                              no_think=self.no_think, think_budget=self.think_budget,
-                              max_tokens=self.max_tokens, stop=self.stop)
-            try:
-                plan = plan_turn(ctx, text, schema, options)
-                break
-            except ContextOverflow:
-                nxt = _next_exchange(self.messages, start) if self.context_policy else None
-                if nxt is None:
-                    raise
-                start = nxt
-        if start:
-            _log.info("context_policy=%r: %d oldest messages left out of this turn's prompt",
-                      self.context_policy, start)
-        return Turn(self.model, plan, self.kv, self.messages.extend)
+        local = local_engine(self.model) is not None
+
+        def context(start: int) -> TurnContext:
+            return TurnContext(engine=self.model, template=self.template,
+                               history=self._head() + self.messages[start:],
+                               sampler=self.sampler, no_think=self.no_think,
+                               think_budget=self.think_budget, max_tokens=self.max_tokens,
+                               stop=self.stop, local=local)
+
+        plan = _plan_fitting(context, self.messages, self.context_policy, text, schema, options)
+        return Turn(self.model, plan, self.kv, self.messages.extend, local=local)
 
     def prompt_ids(self, text: str, schema: SchemaArg = None,
                    **options: Unpack[TurnOptions]) -> list[int]:
         """The token ids ``send(text, ...)`` would evaluate (nothing is sent)."""
-        return list(self.plan(text, schema, **options).plan.prompt)
+        return list(self.plan(text, schema, **options).prompt)
 
     # --------------------------------------------------------------- sync API
     @overload
@@ -197,7 +172,7 @@ class Conversation:
         (the second reader disagrees), refusals from the schema layer, and
         ``DecodeError``. On any error the conversation is left as it was.
         """
-        return _drive(self.plan(text, schema, **options))
+        return drive(self.plan(text, schema, **options))
 
     @overload
     def resume(self, *, schema: type[M], **options: Unpack[TurnOptions]) -> Reply[M]: ...
@@ -208,7 +183,7 @@ class Conversation:
 
     def resume(self, *, schema: SchemaArg = None, **options: Unpack[TurnOptions]) -> Reply[Any]:
         """An assistant turn with no new user message: e.g. after ``add_tool_result``."""
-        return _drive(self.plan(None, schema, **options))
+        return drive(self.plan(None, schema, **options))
 
     @overload
     def stream(self, text: str, *, schema: type[M],
@@ -245,7 +220,7 @@ class Conversation:
         ``max_steps`` model turns.
         """
         tools = _agent_tools(options)
-        return run_agent(lambda t, s, o: _drive(self.plan(t, s, **o)), self._record_results,
+        return run_agent(lambda t, s, o: drive(self.plan(t, s, **o)), self._record_results,
                          text, tools, max_steps=max_steps, schema=schema, options=options)
 
     # -------------------------------------------------------------- async API
@@ -279,7 +254,8 @@ class Conversation:
 
     async def _asend(self, text: str | None, schema: SchemaArg,
                      options: TurnOptions) -> Reply[Any]:
-        stream: AsyncReplyStream[Any] = AsyncReplyStream(self, text, schema, options)
+        stream: AsyncReplyStream[Any] = AsyncReplyStream(
+            self.model, lambda: self.plan(text, schema, **options))
         async for _ in stream:
             pass
         assert stream.reply is not None
@@ -297,7 +273,7 @@ class Conversation:
                 **options: Unpack[TurnOptions]) -> AsyncReplyStream[Any]:
         """Async text deltas (``async for``); ``reply`` holds the Reply afterwards.
         Cancelling (or leaving the loop) abandons the turn: the messages are unchanged."""
-        return AsyncReplyStream(self, text, schema, options)
+        return AsyncReplyStream(self.model, lambda: self.plan(text, schema, **options))
 
     @overload
     async def arun(self, text: str, *, schema: type[M],
@@ -316,6 +292,40 @@ class Conversation:
                                 max_steps=max_steps, schema=schema, options=options)
 
 
+def _intake(system: str | None, messages: Iterable[Message | Mapping[str, Any]]
+            ) -> tuple[str | None, list[Message]]:
+    """The system prompt and the turns of ``messages`` (a leading system message)."""
+    history = messages_from_openai(messages)
+    if history and history[0].role == "system":
+        if system is not None:
+            raise InvalidParameter("system", "given twice: as system= and in messages")
+        system, history = history[0].content, history[1:]
+    if any(m.role == "system" for m in history):
+        raise InvalidParameter("messages", "a system message may only come first")
+    return system, history
+
+
+def _plan_fitting(context: Callable[[int], TurnContext], messages: Sequence[Message],
+                  policy: str | None, text: str | None, schema: SchemaArg,
+                  options: TurnOptions) -> TurnPlan:
+    """Plan on the whole history, or (``context_policy="drop_oldest"``) on the latest
+    exchanges that fit the context."""
+    start = 0
+    while True:
+        try:
+            plan = plan_turn(context(start), text, schema, options)
+            break
+        except ContextOverflow:
+            nxt = _next_exchange(messages, start) if policy else None
+            if nxt is None:
+                raise
+            start = nxt
+    if start:
+        _log.info("context_policy=%r: %d oldest messages left out of this turn's prompt",
+                  policy, start)
+    return plan
+
+
 def _next_exchange(messages: Sequence[Message], start: int) -> int | None:
     """Index of the user message that opens the exchange after the one at ``start`` (None:
     nothing more can be left out without dropping the turn being answered)."""
@@ -331,123 +341,3 @@ def _agent_tools(options: TurnOptions) -> Sequence[Any]:
     if not tools:
         raise InvalidParameter("tools", "the agent loop needs tools=[...]")
     return tools
-
-
-def _drive(turn: Turn) -> Reply[Any]:
-    """Run a planned turn to its reply (through the engine loop, or on this thread when
-    speculative: verify batches are one sequence's own)."""
-    if isinstance(turn.engine, GenerateEngine):
-        return run_remote(turn)
-    if turn.plan.speculative is None:
-        ticket = engine_loop(turn.engine).submit(turn)
-        for _ in ticket.deltas():
-            pass
-        assert ticket.reply is not None
-        return ticket.reply
-    try:
-        for step in turn.steps():
-            step()
-        return turn.finish()[1]
-    finally:
-        turn.release()
-
-
-class ReplyStream(Generic[T]):
-    """Iterate for text deltas; ``reply`` is set when the iteration ends normally.
-
-    Leaving the loop early abandons the turn (nothing is appended).
-    """
-
-    def __init__(self, turn: Turn) -> None:
-        self._turn = turn
-        self.reply: Reply[T] | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        turn = self._turn
-        if isinstance(turn.engine, GenerateEngine):
-            out: list[Reply[T]] = []
-            yield from remote_deltas(turn, turn.engine.stream(turn.generate_request()), out)
-            self.reply = out[0]
-            return
-        if turn.plan.speculative is None:
-            ticket = engine_loop(turn.engine).submit(turn)
-            yield from ticket.deltas()
-            self.reply = ticket.reply
-            return
-        try:
-            for step in turn.steps():
-                delta = step()
-                if delta:
-                    yield delta
-            tail, self.reply = turn.finish()
-            if tail:
-                yield tail
-        finally:
-            turn.release()
-
-
-class AsyncReplyStream(Generic[T]):
-    """``async for`` text deltas; ``reply`` is set when the iteration ends normally.
-
-    Planning runs in a worker thread; the steps run in the model's engine loop (a
-    speculative turn: in worker threads). Leaving the loop early (or cancelling) abandons
-    the turn (nothing is appended).
-    """
-
-    def __init__(self, conv: Conversation, text: str | None, schema: SchemaArg,
-                 options: TurnOptions) -> None:
-        self._conv = conv
-        self._args = (text, schema, options)
-        self.reply: Reply[T] | None = None
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._deltas()
-
-    async def _deltas(self) -> AsyncIterator[str]:
-        import anyio
-
-        conv, (text, schema, options) = self._conv, self._args
-        model = conv.model
-        turn = await run_blocking(model, lambda: conv.plan(text, schema, **options))
-        if isinstance(model, GenerateEngine):
-            request = turn.generate_request()
-            turn.begin_replay(check_grammar=model.returns_token_ids)
-            pieces = model.astream(request)
-            try:
-                async for piece in pieces:
-                    delta = turn.end_replay(piece) if isinstance(piece, GenerateResult) \
-                        else turn.feed(piece)
-                    if delta:
-                        yield delta
-            finally:  # close the request now (a replay error, a consumer that left)
-                aclose = getattr(pieces, "aclose", None)
-                if aclose is not None:
-                    with anyio.CancelScope(shield=True):
-                        await aclose()
-            tail, self.reply = turn.finish()
-            if tail:
-                yield tail
-            return
-        if turn.plan.speculative is None:
-            ticket = engine_loop(model).submit(turn)
-            async for delta in ticket.adeltas():
-                yield delta
-            self.reply = ticket.reply
-            return
-        try:
-            waited = 0.0
-            while not await run_blocking(model, turn.try_open):
-                if waited > model.seq_wait:
-                    turn.open(wait=0)  # raises the named error
-                await anyio.sleep(0.01)
-                waited += 0.01
-            for step in turn.steps():
-                delta = await run_blocking(model, step)
-                if delta:
-                    yield delta
-            tail, self.reply = turn.finish()
-            if tail:
-                yield tail
-        finally:
-            turn.release()
-

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .engine import SAFE_PREFILL_CHUNK, SAFE_VERIFY_KV, SeqChunk, StepEngine
 from .errors import InvalidParameter
 from .messages import FinishReason
+from .options import check_max_tokens
 from .sampling import GrammarProcessor, Logits, Sampler
 
 if TYPE_CHECKING:
@@ -95,8 +96,7 @@ class Decoder:
         reuse: int = 0,
         prefill_chunk: int = SAFE_PREFILL_CHUNK,
     ) -> None:
-        if max_tokens < 1:
-            raise InvalidParameter("max_tokens", f"must be >= 1, got {max_tokens}")
+        check_max_tokens(max_tokens)
         if not prompt:
             raise InvalidParameter("prompt", "empty prompt")
         self.model = model

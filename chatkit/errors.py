@@ -36,7 +36,7 @@ Foreign exceptions are translated at the boundary with ``raise ... from exc``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "AllTokensMasked",
@@ -272,10 +272,12 @@ class Truncated(GenerationError):
 
     exit_code = 32
 
-    def __init__(self, text: str, max_tokens: int) -> None:
+    def __init__(self, text: str, max_tokens: int, *, usage: Any = None) -> None:
         super().__init__(f"cut at max_tokens={max_tokens} before the grammar completed")
         self.text = text
         self.max_tokens = max_tokens
+        self.usage = usage
+        """The cut reply's ``chatkit.Usage`` (None where no decode ran)."""
 
 
 class SchemaViolation(GenerationError):

@@ -44,7 +44,7 @@ from . import diskcache
 from .backends import BuildInfo, read_build_info
 from .compute import run_on_compute
 from .engine import SAFE_PREFILL_CHUNK, IncrementalDetokenizer, SeqChunk
-from .errors import DecodeError, InvalidParameter, ModelLoadError, ModelNotFound
+from .errors import DecodeError, EngineBusy, InvalidParameter, ModelLoadError, ModelNotFound
 
 __all__ = ["Model", "Placement", "build_info"]
 
@@ -808,13 +808,13 @@ class Model:
         the least recently used idle one, is cleared and handed over. When every
         sequence is busy, waits up to ``wait`` seconds (default ``seq_wait``) for one
         to be released (other threads' turns keep running meanwhile), then raises
-        ``InvalidParameter``; ``wait=0`` does not wait.
+        ``EngineBusy``; ``wait=0`` does not wait.
         """
         limit = self.seq_wait if wait is None else wait
         with self._seq_free:
             if not self._seq_free.wait_for(lambda: False in self._seq_busy, timeout=limit):
-                raise InvalidParameter("n_seq_max", f"all {self.n_seq_max} KV sequences stayed "
-                                       f"busy for {limit:g} s")
+                raise EngineBusy(f"all {self.n_seq_max} KV sequences stayed busy for "
+                                 f"{limit:g} s")
             self._clock += 1
             if (preferred is not None and 0 <= preferred < self.n_seq_max
                     and self._seq_owner[preferred] == owner and not self._seq_busy[preferred]):

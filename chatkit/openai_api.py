@@ -34,6 +34,7 @@ from .errors import (
     UserError,
 )
 from .messages import FinishReason, Message, Reply, messages_from_openai
+from .options import TOOL_CHOICES
 from .sampling import SamplingParams
 from .tools.definition import Tool
 
@@ -384,23 +385,19 @@ def _tools(body: Mapping[str, Any], limits: ServerLimits) -> list[Tool]:
     return tools
 
 
-def _tool_choice(value: Any, tools: Sequence[Tool]) -> str:
+def _tool_choice(value: Any) -> str:
     if value is None:
         return "auto"
     if isinstance(value, str):
-        if value not in ("auto", "none", "required"):
+        if value not in TOOL_CHOICES:
             raise bad(f"tool_choice must be auto, none, required or a named function, not "
                       f"{value!r}", "tool_choice")
-        if value == "required" and not tools:
-            raise bad("tool_choice 'required' needs tools", "tool_choice")
-        return value
+        return value  # checked against the tools when the turn is planned
     fn = value.get("function") if isinstance(value, Mapping) else None
     name = fn.get("name") if isinstance(fn, Mapping) else None
     if not isinstance(name, str):
         raise bad("tool_choice must name a function: {type: function, function: {name}}",
                   "tool_choice")
-    if name not in {t.name for t in tools}:
-        raise bad(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
     return name
 
 
@@ -442,24 +439,15 @@ def parse_chat(body: Any, limits: ServerLimits) -> ChatRequest:
     elif not rest:
         raise bad("messages need a user message", "messages")
     tools = _tools(body, limits)
-    choice = _tool_choice(body.get("tool_choice"), tools)
+    choice = _tool_choice(body.get("tool_choice"))
     schema = _response_format(body.get("response_format"))
     parallel = _get(body, "parallel_tool_calls", bool, True)
     threshold = _get(body, "tool_call_threshold", (int, float))
-    if threshold is not None and not 0 <= threshold <= 1:
-        raise bad(f"tool_call_threshold must be in [0, 1], got {threshold}",
-                  "tool_call_threshold")
-    if threshold is not None and not tools:
-        raise bad("tool_call_threshold decides tool_choice auto: it needs tools",
-                  "tool_call_threshold")
     request = ChatRequest(model=_get(body, "model", str), history=head + rest, text=text,
                           schema=schema, tools=tools, tool_choice=choice,
                           parallel_tool_calls=parallel, no_think=_no_think(body),
                           sampling=_sampling(body, limits),
                           tool_call_threshold=None if threshold is None else float(threshold))
-    if request.sampling.stop and (schema is not None or tools):
-        raise bad("stop strings end free text; response_format and tools end themselves",
-                  "stop")
     return request
 
 
@@ -507,8 +495,6 @@ def parse_completion(body: Any, limits: ServerLimits) -> CompletionRequest:
             raise bad(f"structured_outputs.{key} must be a string", f"structured_outputs.{key}")
         else:
             request.grammar = ("regex" if key == "regex" else "lark", value)
-    if request.sampling.stop and (request.schema is not None or request.grammar):
-        raise bad("stop strings end free text; a constraint ends itself", "stop")
     return request
 
 

@@ -355,7 +355,7 @@ class EngineLoop:
                         max_queue=self.max_queue))
                     continue
                 return
-            t.pos = t.turn.decoder.reuse
+            t.pos = t.turn.reuse
             t.state = "prefill"
             with self._lock:
                 self._waiting.popleft()
@@ -387,10 +387,10 @@ class EngineLoop:
         for t in self._live:
             if t.state != "prefill" or budget <= 0:
                 continue
-            prompt = t.turn.plan.prompt
+            prompt = t.turn.prompt
             take = min(budget, len(prompt) - t.pos)
             final = t.pos + take == len(prompt)
-            chunks.append(SeqChunk(t.turn.decoder.seq_id, t.pos, prompt[t.pos : t.pos + take],
+            chunks.append(SeqChunk(t.turn.seq_id, t.pos, prompt[t.pos : t.pos + take],
                                    "last" if final else "none"))
             owners.append((t, "first" if final else "none"))
             t.pos += take
@@ -415,7 +415,7 @@ class EngineLoop:
                 self.stats.mixed_steps += 1
             for (t, kind), row, chunk in zip(owners, rows, chunks, strict=True):
                 if kind == "none":
-                    t.turn.decoder.prefilled(chunk.pos + len(chunk.tokens))
+                    t.turn.prefilled(chunk.pos + len(chunk.tokens))
                     continue
                 try:
                     if kind == "first":

@@ -8,6 +8,7 @@ import pkgutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,3 +155,92 @@ def test_the_module_graph_has_no_cycles() -> None:
             visit(node, [])
     assert graph["chatkit.tools.definition"].isdisjoint(
         {"chatkit.conversation", "chatkit.agent", "chatkit.turn"})
+
+
+# ------------------------------------------------------------------ the package's shape
+MAX_MODULE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 600, 250, 60
+SHAPE_EXCEPTIONS: dict[str, str] = {
+    # "module.py:Name": why it is allowed to be larger (keep this list short)
+}
+
+
+def _shape_offences() -> list[str]:
+    offences = []
+    for path in _files():
+        rel = str(path.relative_to(PACKAGE))
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES and rel not in SHAPE_EXCEPTIONS:
+            offences.append(f"{rel}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if size > limit and f"{rel}:{node.name}" not in SHAPE_EXCEPTIONS:
+                offences.append(f"{rel}:{node.lineno} {node.name}: {size} lines")
+    return offences
+
+
+def test_units_stay_small() -> None:
+    """One job per unit: no module over 600 lines, no class over 250, no function over 60
+    (``SHAPE_EXCEPTIONS`` names the few allowed, with the reason)."""
+    assert _shape_offences() == []
+
+
+def test_shape_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "MAX_FUNCTION_LINES", 5)
+    assert any("plan_turn" in o for o in _shape_offences())
+
+
+def _nodes(predicate: Any) -> list[str]:
+    found = []
+    for path in _files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if predicate(node):
+                found.append(f"{path.relative_to(PACKAGE)}:{getattr(node, 'lineno', 0)}")
+    return found
+
+
+def _kind_check(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance" and len(node.args) == 2
+            and any(isinstance(n, ast.Name) and n.id in {"GenerateEngine", "StepEngine"}
+                    for n in ast.walk(node.args[1])))
+
+
+def test_the_engine_kind_is_dispatched_in_one_module() -> None:
+    """A local engine steps turns, a remote one answers requests: only ``runner`` asks
+    which one it has."""
+    sites = _nodes(_kind_check)
+    assert sites and {s.split(":")[0] for s in sites} == {"runner.py"}, sites
+
+
+def _reach_through(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+            and node.value.attr in {"decoder", "plan"})
+
+
+def test_nothing_reaches_through_a_turn() -> None:
+    """``turn.decoder.x`` / ``turn.plan.x`` stay inside ``turn.py``: drivers, the server and
+    the conversation use the turn's own accessors."""
+    sites = _nodes(_reach_through)
+    assert sites and {s.split(":")[0] for s in sites} == {"turn.py"}, sites
+
+
+CHECKED_OPTIONS = {"max_tokens", "stop", "tool_choice", "tool_call_threshold",
+                   "parallel_tool_calls", "schema_in_prompt", "sampling", "speculative"}
+
+
+def _option_refusal(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "InvalidParameter" and bool(node.args)
+            and isinstance(node.args[0], ast.Constant) and node.args[0].value in CHECKED_OPTIONS)
+
+
+def test_each_option_is_checked_in_one_place() -> None:
+    """Every refusal of a per-call option's value is raised in ``options.py`` (the library,
+    the CLI and the server call its checks), except where a driver cannot run an option at
+    all (speculation in a lockstep batch)."""
+    sites = _nodes(_option_refusal)
+    assert {s.split(":")[0] for s in sites} == {"options.py", "batch.py"}, sites
+    assert sum(s.startswith("batch.py") for s in sites) == 1

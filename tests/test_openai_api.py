@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from chatkit.errors import EngineBusy, SchemaUnsupported
+from chatkit.errors import EngineBusy, InvalidParameter, SchemaUnsupported
 from chatkit.openai_api import (
     RequestError,
     ServerLimits,
@@ -16,6 +16,7 @@ from chatkit.openai_api import (
     parse_completion,
     translate_error,
 )
+from chatkit.options import check_tool_choice
 
 LIMITS = ServerLimits()
 USER = [{"role": "user", "content": "hi"}]
@@ -72,8 +73,13 @@ def test_tools_and_choices() -> None:
         with pytest.raises(RequestError) as info:
             chat(tools=bad)
         assert info.value.param == param
-    with pytest.raises(RequestError):
-        chat(tool_choice="required")  # no tools
+    # "required" with no tools is refused where every tool_choice is checked (planning,
+    # options.check_tool_choice), as a 400 naming the field
+    assert chat(tool_choice="required").tool_choice == "required"
+    with pytest.raises(InvalidParameter) as refused:
+        check_tool_choice("required", [])
+    err = translate_error(refused.value)
+    assert (err.status, err.param) == (400, "tool_choice")
 
 
 def test_sampling_fields() -> None:

@@ -28,8 +28,8 @@ from chatkit import (
     execute_calls,
     tool,
 )
+from chatkit.plan import AutoCall
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, opening_tokens, parse_calls, tool_grammar
-from chatkit.turn import AutoCall
 from tests.helpers import Boost, Script, completion
 
 BYTE = llguidance.LLTokenizer("byte")
@@ -298,7 +298,7 @@ def test_auto_decision_rule() -> None:
     call, text = object(), object()
     auto = AutoCall(0.25, np.array([3]), call=cast(Any, call), text=cast(Any, text))
     row = np.zeros(4, dtype=np.float32)  # uniform: P(token 3) = 0.25
-    assert auto.decide(row) is call and abs((auto.p_call or 0) - 0.25) < 1e-6
+    assert auto.decide(row) is call and abs(auto.p_call(row) - 0.25) < 1e-6
     row[3] = -1.0
     assert auto.decide(row) is text
 
@@ -501,7 +501,7 @@ def test_a_repeated_call_ends_the_reply(scripted: tuple[Script, RemoteEngine], v
     """A greedy model may repeat a finished call up to the parallel cap; chatkit ends the
     reply at the first verbatim repeat and reports it (``reply.dropped_calls``). Scripted:
     the engine returns the same call twice (a real model's repeats are its own)."""
-    import chatkit.turn
+    import chatkit.emit
 
     script, engine = scripted
     same = call("add", {"a": 2, "b": 40})
@@ -510,7 +510,7 @@ def test_a_repeated_call_ends_the_reply(scripted: tuple[Script, RemoteEngine], v
              (True, [same, other], [(2, 40), (40, 2)], 0),  # only verbatim repeats go
              (False, [same, same], [(2, 40), (2, 40)], 0)]  # positive control
     for dedup, blocks, expected, dropped in cases:
-        monkeypatch.setattr(chatkit.turn, "DEDUP_TOOL_CALLS", dedup)
+        monkeypatch.setattr(chatkit.emit, "DEDUP_TOOL_CALLS", dedup)
         script.replies = [says(vocab, "\n".join(blocks))]
         reply = Conversation(engine).send("Add 2 and 40.", tools=TOOLS,
                                           tool_choice="required", max_tokens=200)

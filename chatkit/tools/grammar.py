@@ -25,8 +25,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..engine import Vocabulary
-from ..errors import InvalidParameter, ToolArgumentsInvalid
+from ..errors import ToolArgumentsInvalid
 from ..messages import ToolCall
+from ..options import TOOL_CHOICES, check_parallel, check_tool_choice
 from ..schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 
@@ -62,17 +63,10 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
     ``DEFAULT_MAX_CALLS`` (a small model would otherwise repeat calls until
     max_tokens), or an int for up to that many.
     """
+    parallel = check_parallel(parallel)
     max_calls = DEFAULT_MAX_CALLS if parallel is True else 1 if parallel is False else parallel
-    if max_calls < 1:
-        raise InvalidParameter("parallel_tool_calls", f"must allow >= 1 call, got {parallel}")
-    names = [t.name for t in tools]
-    if tool_choice in ("auto", "required", "none"):
-        callable_tools = list(tools)
-    elif tool_choice in names:
-        callable_tools = [t for t in tools if t.name == tool_choice]
-    else:
-        raise InvalidParameter("tool_choice", f"{tool_choice!r} is not auto, required, none "
-                               f"or a tool name ({', '.join(names)})")
+    tool_choice = check_tool_choice(tool_choice, [t.name for t in tools])
+    callable_tools = [t for t in tools if tool_choice in TOOL_CHOICES or t.name == tool_choice]
     free = "answer" if output is not None else "PLAIN"
     more = ""
     for _ in range(max_calls - 1):  # nested optionals: at most max_calls calls

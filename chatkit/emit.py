@@ -1,0 +1,105 @@
+"""A turn's text as its tokens come: UTF-8 pieces, stop strings held back, a repeated
+tool call dropped."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+
+from .engine import IncrementalDetokenizer, Vocabulary
+from .tools.grammar import CALL_BLOCK, CALL_CLOSE, CALL_OPEN
+
+__all__: list[str] = []
+
+_log = logging.getLogger("chatkit")
+
+DEDUP_TOOL_CALLS = True
+"""End a reply at a tool call identical to an earlier one of the same reply (see
+:meth:`TextEmitter.feed`)."""
+
+
+class TextEmitter:
+    """Turns a reply's token ids into text deltas.
+
+    Text that may be the start of a stop string is withheld until it is not; a stop
+    string (or, with ``tools``, a call repeating an earlier one of the reply) cuts the
+    text and sets ``cut``: the turn ends there. ``text`` is the reply so far.
+    """
+
+    def __init__(self, engine: Vocabulary, stop_strings: Sequence[str], *,
+                 tools: bool) -> None:
+        self._detok = IncrementalDetokenizer(engine)
+        self.stops = tuple(stop_strings)
+        self.tools = tools
+        self.text = ""
+        self.cut = False
+        """A stop string (or a repeated tool call) ended the text."""
+        self.dropped_calls = 0
+        self._held = ""  # text withheld while it may be the start of a stop string
+
+    def feed(self, tok: int) -> str:
+        """The delta a sampled token adds (maybe empty: held back or an unfinished
+        character); check ``cut`` afterwards."""
+        delta = self._detok.feed(tok)
+        self.text += delta
+        if self.tools and DEDUP_TOOL_CALLS and self.text.endswith(CALL_CLOSE):
+            self._drop_repeated_call()
+        if not self.stops:
+            return delta
+        for s in self.stops:
+            cut = self.text.find(s)
+            if cut >= 0:
+                emitted = len(self.text) - len(delta) - len(self._held)
+                self.text = self.text[:cut]
+                self.cut = True
+                self._held = ""
+                return self.text[emitted:]
+        pending = self._held + delta
+        keep = _stop_prefix_len(pending, self.stops)
+        self._held = pending[len(pending) - keep :] if keep else ""
+        return pending[: len(pending) - keep]
+
+    def _drop_repeated_call(self) -> None:
+        """A greedy model repeats a finished call until the parallel cap: when the call just
+        closed is identical to an earlier one of this reply, the reply ends before it (the
+        grammar accepts there: calls then the stop token) and ``dropped_calls`` counts it."""
+        blocks = [m.group(1) for m in CALL_BLOCK.finditer(self.text)]
+        if len(blocks) < 2 or not _same_call(blocks[-1], blocks[:-1]):
+            return
+        self.text = self.text[: self.text.rindex(CALL_OPEN)].rstrip("\n")
+        self.dropped_calls += 1
+        self.cut = True
+        _log.info("tool call repeated verbatim in one reply: dropped, reply ended")
+
+    def flush(self) -> str:
+        """Text withheld at the end (a partial stop string, an unfinished character)."""
+        tail = self._held
+        self._held = ""
+        if not self.cut:
+            rest = self._detok.flush()
+            self.text += rest
+            tail += rest
+        return tail
+
+
+def _same_call(body: str, earlier: list[str]) -> bool:
+    def norm(text: str) -> str:
+        try:
+            return json.dumps(json.loads(text), sort_keys=True)
+        except ValueError:
+            return text
+
+    target = norm(body)
+    return any(norm(b) == target for b in earlier)
+
+
+def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

@@ -1,0 +1,252 @@
+"""The engine side of a server request: its lanes (``n`` choices), each a planned turn
+in the model's engine loop, with a KV claim borrowed for prefix reuse across requests.
+
+:class:`Lanes` plans a request's lanes (every refusal before any token), submits them,
+merges their text deltas, and reads their usage and logprobs from the turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .concurrency import run_blocking
+from .constraints import Constraint
+from .conversation import Conversation
+from .engine import StepEngine
+from .errors import ContextOverflow, EngineBusy, Truncated
+from .messages import Reply
+from .openai_api import (
+    ChatRequest,
+    CompletionRequest,
+    RequestError,
+    ServerLimits,
+    bad,
+    usage_body,
+)
+from .options import TurnOptions, check_threshold
+from .plan import common_prefix, plan_completion
+from .sampling import Sampler
+from .scheduler import EngineLoop, Ticket
+from .stream_deltas import ReplyDeltas
+from .turn import KVState, Turn
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+__all__: list[str] = []
+
+
+@dataclass
+class Lane:
+    """One choice of a response, as it streams."""
+
+    ticket: Ticket
+    hold: bool
+    """The raw text carries markup (tool calls, a think block): parsed, not sent as is."""
+    text: str = ""
+    reply: Reply[Any] | None = None
+    finish: str | None = None
+    deltas: ReplyDeltas | None = None
+    """For a held lane: its markup read as it is written (``stream_deltas``)."""
+    logprobs_sent: int = 0
+    """Tokens whose logprobs a stream has sent."""
+
+
+class KVPool:
+    """Prefix reuse across requests: each turn borrows the idle KV claim whose tokens share
+    the longest prefix with its prompt (a multi-turn client's next request finds its
+    conversation still in a sequence; ``usage.prompt_tokens_details.cached_tokens``)."""
+
+    def __init__(self, size: int) -> None:
+        self._states = [KVState(owner=-(i + 1)) for i in range(size)]
+        self._busy: set[int] = set()
+        self._lock = threading.Lock()
+
+    def borrow(self, prompt: Sequence[int]) -> KVState:
+        with self._lock:
+            free = [s for s in self._states if s.owner not in self._busy]
+            if not free:  # more turns than claims: a fresh one, not kept afterwards
+                return KVState(owner=-(len(self._states) + 1 + len(self._busy)))
+            best = max(free, key=lambda s: common_prefix(s.tokens, prompt))
+            self._busy.add(best.owner)
+            return best
+
+    def give_back(self, state: KVState) -> None:
+        with self._lock:
+            self._busy.discard(state.owner)
+
+
+class Lanes:
+    """Runs requests' lanes on one engine loop (``loop``) with a pool of KV claims."""
+
+    def __init__(self, model: StepEngine, loop: EngineLoop, limits: ServerLimits) -> None:
+        self.model = model
+        self.loop = loop
+        self.limits = limits
+        self.kv = KVPool(2 * model.n_seq_max)
+
+    def plan_chat(self, req: ChatRequest, lane: int) -> Turn:
+        s = req.sampling
+        conv = Conversation(self.model, messages=req.history, no_think=req.no_think,
+                            sampling=s.params(lane),
+                            stop=s.stop, max_tokens=s.max_tokens or self.limits.max_tokens)
+        options: TurnOptions = {"tool_choice": req.tool_choice}
+        if s.stop:
+            options["stop"] = s.stop  # refused beside a schema or tools (by name)
+        if req.tools:
+            options["tools"] = req.tools
+            options["parallel_tool_calls"] = req.parallel_tool_calls
+        if req.tool_call_threshold is not None:
+            # the extension decides "auto" only: beside a forced or "none" choice (an agent
+            # sends it on every turn) it is checked, then left out
+            check_threshold(req.tool_call_threshold, choice="auto", has_tools=bool(req.tools),
+                            local=True)
+            if req.tool_choice == "auto":
+                options["tool_call_threshold"] = req.tool_call_threshold
+        try:
+            turn = conv.plan(req.text, req.schema, **options)
+        except ContextOverflow as exc:
+            room = exc.n_ctx - exc.prompt_tokens
+            source = f" ({self.limits.context_source})" if self.limits.context_source else ""
+            if s.max_tokens is None and room < 1:
+                raise RequestError(400, f"the prompt ({exc.prompt_tokens} tokens) does not fit "
+                                   f"one sequence's context ({exc.n_ctx} tokens{source})",
+                                   param="messages", code="context_length_exceeded") from exc
+            if s.max_tokens is not None:
+                raise RequestError(400, f"the prompt ({exc.prompt_tokens} tokens) plus "
+                                   f"max_tokens ({s.max_tokens}) exceed one sequence's context "
+                                   f"({exc.n_ctx} tokens{source})", param="messages",
+                                   code="context_length_exceeded") from exc
+            conv.max_tokens = room  # the default max_tokens shrinks to what fits
+            turn = conv.plan(req.text, req.schema, **options)
+        return checked_start(turn, s.logprobs)
+
+    def plan_completion(self, req: CompletionRequest, lane: int) -> Turn:
+        model = self.model
+        s = req.sampling
+        prompt = (model.tokenize(req.prompt, special=True, add_bos=model.add_bos)
+                  if isinstance(req.prompt, str) else list(req.prompt))
+        constraint = None
+        if req.grammar is not None:
+            kind, text = req.grammar
+            constraint = Constraint.regex(text) if kind == "regex" else Constraint.lark(text)
+        max_tokens = s.max_tokens or min(self.limits.max_tokens,
+                                         max(1, model.n_ctx_seq - len(prompt)))
+        plan = plan_completion(model, prompt, sampler=Sampler(s.params(lane)),
+            max_tokens=max_tokens, schema=req.schema, constraint=constraint,
+            stop=s.stop or None)
+        return checked_start(Turn(model, plan, KVState(owner=0), lambda added: None),
+                              s.logprobs)
+
+    async def start(self, plan_lane: Callable[[int], Turn], n: int) -> list[Lane]:
+        """Plan every lane (refusals: 400 before any token), borrow KV claims, submit."""
+        turns = [await run_blocking(self.model, plan_lane, i) for i in range(n)]
+        lanes: list[Lane] = []
+        try:
+            for turn in turns:
+                turn.kv = self.kv.borrow(turn.prompt)
+                try:
+                    ticket = self.loop.submit(turn)
+                except EngineBusy:
+                    self.kv.give_back(turn.kv)
+                    raise
+                # the claim comes back when the loop lets go of the turn, whatever happens
+                ticket.on_close.append(functools.partial(self.kv.give_back, turn.kv))
+                hold = turn.has_tools or turn.thinking
+                lanes.append(Lane(ticket, hold=hold, deltas=ReplyDeltas(
+                    thinking=turn.thinking, tools=turn.has_tools) if hold else None))
+        except EngineBusy:
+            for lane in lanes:
+                lane.ticket.cancel()
+            raise
+        return lanes
+
+    async def events(self, lanes: list[Lane]) -> AsyncIterator[tuple[int, str | None]]:
+        """Merged (lane, text delta) events; (lane, None) when a lane ends (its ``reply`` or
+        ``finish`` is then set). Errors other than a cut at max_tokens propagate as they
+        are (named), after the request timeout ``TimeoutError``. One asyncio task per
+        lane feeds a queue, so nothing here yields inside a cancel scope; leaving (a
+        disconnect, an error) cancels every lane's turn."""
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+        async def pump(i: int, lane: Lane) -> None:
+            try:
+                async with contextlib.aclosing(lane.ticket.adeltas()) as deltas:
+                    async for delta in deltas:
+                        queue.put_nowait((i, delta))
+                lane.reply = lane.ticket.reply
+                queue.put_nowait((i, None))
+            except Truncated as exc:
+                lane.text, lane.finish = exc.text, "length"
+                queue.put_nowait((i, None))
+            except Exception as exc:
+                queue.put_nowait((i, exc))
+
+        tasks = [asyncio.create_task(pump(i, lane)) for i, lane in enumerate(lanes)]
+        deadline = asyncio.get_running_loop().time() + self.limits.request_timeout
+        try:
+            ended = 0
+            while ended < len(lanes):
+                left = deadline - asyncio.get_running_loop().time()
+                i, item = await asyncio.wait_for(queue.get(), timeout=max(left, 0.0))
+                if isinstance(item, Exception):
+                    raise item
+                ended += item is None
+                yield i, item
+        finally:
+            for lane in lanes:
+                lane.ticket.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _until_disconnect(self, request: Request, lanes: list[Lane]) -> None:
+        """A non-streaming request: cancel its turns when the client goes away."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                for lane in lanes:
+                    lane.ticket.cancel()
+                return
+
+    async def collect(self, request: Request, lanes: list[Lane]) -> None:
+        """Run a non-streaming request's lanes to their end (text into each lane)."""
+        watcher = asyncio.create_task(self._until_disconnect(request, lanes))
+        try:
+            async for i, delta in self.events(lanes):
+                if delta is not None and lanes[i].finish is None:
+                    lanes[i].text += delta
+        finally:
+            watcher.cancel()
+
+    def usage(self, lanes: list[Lane]) -> dict[str, Any]:
+        """The request's usage, OpenAI's shape: the prompt once, every lane's tokens."""
+        first = lanes[0].ticket.turn
+        completion = sum(len(lane.ticket.turn.tokens) for lane in lanes)
+        return usage_body(len(first.prompt), completion, first.reuse)
+
+    @staticmethod
+    def logprobs(lane: Lane, since: int = 0) -> list[Any]:
+        """The lane's logprob entries from token ``since`` on (noted as sent)."""
+        entries = lane.ticket.turn.logprobs[since:]
+        lane.logprobs_sent = since + len(entries)
+        return entries
+
+def checked_start(turn: Turn, logprobs: int | None = None) -> Turn:
+    """A grammar that compiles but fails at its first token (too large for llguidance's
+    limits) is the request's fault: refused now, a 400, instead of a 500 after the 200.
+    ``logprobs``: record them (not for tool calls or think blocks: their tokens are
+    markup the client never sees)."""
+    turn.check_start()
+    if logprobs is not None:
+        if turn.has_tools or turn.thinking:
+            raise bad("logprobs are not returned for replies with tools or a think block",
+                      "logprobs", "unsupported_parameter")
+        turn.record_logprobs(logprobs)
+    return turn

@@ -1,0 +1,75 @@
+"""A finished turn's outcome: the checked ``Reply``, or the error that refuses it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .constraints import Constraint
+from .decoding import Decoder, decide_finish
+from .errors import SchemaViolation, Truncated
+from .messages import Message, Reply, ToolCall, Usage
+from .plan import TurnPlan
+from .tools.grammar import parse_calls
+
+__all__: list[str] = []
+
+_log = logging.getLogger("chatkit")
+
+
+def usage_of(d: Decoder) -> Usage:
+    """Token counts and timings of a decode so far."""
+    gen = d.result()
+    return Usage(
+        prompt_tokens=gen.prompt_tokens,
+        completion_tokens=len(gen.tokens),
+        cached_prompt_tokens=gen.prompt_tokens - gen.prompt_tokens_evaluated,
+        prompt_seconds=gen.first_token_seconds,
+        total_seconds=gen.seconds,
+        draft_tokens=d.drafted,
+        accepted_draft_tokens=d.accepted,
+    )
+
+
+def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: str, *,
+             dropped_calls: int) -> tuple[Reply[Any], Message]:
+    """The checked reply of a finished decode and the assistant message it adds.
+
+    ``constraint``: the grammar that governed the reply (a turn's own: ``auto`` may
+    have chosen it at the first token). Raises ``Truncated`` (cut before the grammar
+    completed; it carries the partial text and the usage), ``SchemaViolation`` or
+    ``ToolArgumentsInvalid``.
+    """
+    c = constraint
+    end = d.end or "length"
+    usage = usage_of(d)
+    reasoning: str | None = None
+    parsed: Any = None
+    calls: list[ToolCall] = []
+    if c is not None:
+        if end == "length" and not c.is_accepting():
+            raise Truncated(text, plan.max_tokens, usage=usage)
+        if plan.thinking:
+            reasoning, text = _thinking_parts(c, text)
+        if plan.tools:
+            text, calls = parse_calls(text, list(plan.tools))
+        if c.reader is not None and not calls:
+            parsed = c.reader.read(text)
+    finish = decide_finish(end, grammar_done=c is not None or d.grammar_done,
+                           tool_calls=bool(calls),
+                           free_text=bool(plan.tools) and c is not None and c.reader is None)
+    _log.debug("turn: %d prompt tokens (%d cached), %d reply tokens, first token %.3f s, "
+               "total %.3f s, %s", usage.prompt_tokens, usage.cached_prompt_tokens,
+               usage.completion_tokens, usage.prompt_seconds, usage.total_seconds, finish)
+    message = Message("assistant", text, reasoning=reasoning, tool_calls=tuple(calls))
+    return Reply(text=text, finish_reason=finish, usage=usage, parsed=parsed,
+                 reasoning=reasoning, tool_calls=calls, dropped_calls=dropped_calls), message
+
+
+def _thinking_parts(c: Constraint, text: str) -> tuple[str, str]:
+    caps = dict(c.captures())
+    think = caps.get("think", b"").decode("utf-8", errors="replace")
+    answer = caps.get("answer")
+    if answer is None:
+        raise SchemaViolation(text, ["no answer after the think block"])
+    return think, answer.decode("utf-8", errors="replace")

@@ -1,0 +1,414 @@
+"""Planning one assistant turn: everything decided before the first token.
+
+:func:`plan_turn` needs only the engine's :class:`~chatkit.engine.Vocabulary`: it
+resolves the options (:mod:`chatkit.options`), chooses the template, builds (or takes
+from the engine's cache) the grammar, renders the messages into segments and
+tokenizes them, into a frozen :class:`TurnPlan`. :func:`plan_completion` does the same
+for a raw completion (token ids, no template). Every refusal happens here, before any
+decode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .constraints import Constraint
+from .engine import Engine, GenerateRequest, Vocabulary
+from .errors import ContextOverflow, InvalidParameter
+from .messages import Message
+from .options import (
+    AUTO_CALL_THRESHOLD,
+    CallOptions,
+    Defaults,
+    TurnOptions,
+    check_max_tokens,
+    check_stop,
+    resolve,
+)
+from .sampling import LogitProcessor, Logits, Sampler
+from .schema import (
+    LoadedSchema,
+    SchemaInput,
+    bound_numbers,
+    closed_objects,
+    json_options,
+    load_schema,
+)
+from .templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
+from .tools.definition import Tool, check_tools
+from .tools.grammar import opening_tokens, tool_grammar
+
+__all__: list[str] = []
+
+_log = logging.getLogger("chatkit")
+
+NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
+
+SchemaArg = SchemaInput | Constraint | None
+"""What ``schema=`` takes: a Pydantic class, a JSON-schema dict/text/bool, or a JSON
+``Constraint``."""
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What the conversation contributes to planning a turn."""
+
+    engine: Engine
+    template: ChatTemplate
+    history: list[Message]
+    """The messages so far, system first."""
+    sampler: Sampler
+    """The conversation's sampler (its RNG persists across turns)."""
+    no_think: bool = False
+    think_budget: int = 256
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    local: bool = True
+    """The engine samples here (a remote engine samples on its server)."""
+
+
+@dataclass(frozen=True)
+class AutoCall:
+    """``tool_choice="auto"`` as a decision at the reply's first token: a call when the
+    model's probability of the call opening reaches ``threshold``, else text; the rest of
+    the reply is then under the ``required`` or the ``none`` grammar."""
+
+    threshold: float
+    opening: NDArray[np.intp]
+    call: Constraint
+    text: Constraint
+
+    def p_call(self, row: Logits) -> float:
+        """The probability the model puts on the call opening in ``row`` (its logits)."""
+        z = row.astype(np.float64)
+        z -= z.max()
+        np.exp(z, out=z)
+        return float(z[self.opening].sum() / z.sum())
+
+    def decide(self, row: Logits) -> Constraint:
+        """The grammar for the rest of the reply (logged with the probability measured)."""
+        p = self.p_call(row)
+        chosen = self.call if p >= self.threshold else self.text
+        _log.info("tool_choice='auto': P(call opening) %.4f %s threshold %g: %s", p,
+                  ">=" if chosen is self.call else "<", self.threshold,
+                  "a call" if chosen is self.call else "text")
+        return chosen
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """Everything decided before the first token (immutable; a turn's current grammar is
+    the turn's own)."""
+
+    prompt: list[int]
+    stop_ids: frozenset[int]
+    max_tokens: int
+    sampler: Sampler
+    processor: LogitProcessor | None = None
+    """What governs the reply's tokens: ``constraint``, or a caller's own processor."""
+    constraint: Constraint | None = None
+    thinking: bool = False
+    stop_strings: tuple[str, ...] = ()
+    tools: tuple[Tool, ...] = ()
+    user: Message | None = None
+    speculative: bool = False
+    stop_token: int = -1
+    """The token that ends the turn (the grammar's stop token)."""
+    messages: tuple[Message, ...] = field(default_factory=tuple)
+    """The messages the prompt renders (for engines that render their own template)."""
+    auto_call: AutoCall | None = None
+    """``tool_choice="auto"`` decided at the first token (``tool_call_threshold``)."""
+
+
+def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
+              options: TurnOptions) -> TurnPlan:
+    """Validate, choose the template, build the grammar, render and tokenize.
+
+    Raises the refusals (``InvalidParameter``, ``SchemaInvalid``, ``SchemaUnsupported``,
+    ``GrammarInvalid``, ``TemplateError``, ``ToolDefinitionError``, ``ContextOverflow``)
+    before any decode.
+    """
+    engine = ctx.engine
+    if text is not None and not isinstance(text, str):
+        raise InvalidParameter("text", f"must be a str, not {type(text).__name__}")
+    constraint = options.get("constraint")
+    if schema is not None and constraint is not None:
+        raise InvalidParameter("schema", "give schema= or constraint=, not both")
+    given_tools = options.get("tools")
+    tools = check_tools(given_tools) if given_tools else []
+    if tools and constraint is not None:
+        raise InvalidParameter("constraint", "tools= builds its own grammar")
+    opts = resolve(options, Defaults(ctx.sampler, ctx.max_tokens, ctx.stop),
+                   constrained=schema is not None or constraint is not None or bool(tools),
+                   tool_names=[t.name for t in tools], local=ctx.local,
+                   has_schema=schema is not None)
+    loaded = load_schema(schema) if schema is not None and not isinstance(
+        schema, Constraint) else None
+    user = None
+    if text is not None:
+        user = Message("user", text + (_schema_note(schema, loaded) if opts.schema_in_prompt
+                                       else ""))
+    template = ctx.template
+    if tools and not template.supports_tools:
+        template = ChatTemplate.for_model(engine, tools=True)
+        _log.info("tools=: template %r (the conversation's %r has no Hermes tool format)",
+                  template.name, ctx.template.name)
+    stop_token = turn_stop_token(engine, template)
+    thinking = (schema is not None or constraint is not None) and not tools \
+        and not ctx.no_think and template.supports_thinking
+    after_tools = text is None and bool(ctx.history) and ctx.history[-1].role == "tool"
+    grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
+                             thinking=thinking, after_tools=after_tools)
+    messages = (*ctx.history, *([user] if user else []))
+    prompt = _render(ctx, template, list(messages), tools, thinking=thinking)
+    if len(prompt) + opts.max_tokens > engine.n_ctx_seq:
+        raise ContextOverflow(len(prompt), opts.max_tokens, engine.n_ctx_seq)
+    return TurnPlan(prompt=prompt, stop_ids=frozenset({stop_token, engine.eos_id}),
+                    max_tokens=opts.max_tokens, sampler=opts.sampler,
+                    processor=grammar if grammar is not None else opts.constraint,
+                    constraint=grammar, thinking=thinking, stop_strings=opts.stop,
+                    tools=tuple(tools), user=user, speculative=opts.speculative,
+                    stop_token=stop_token, messages=messages, auto_call=auto)
+
+
+def _grammar(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
+             loaded: LoadedSchema | None, schema: SchemaArg, opts: CallOptions, *,
+             stop_token: int, thinking: bool, after_tools: bool
+             ) -> tuple[Constraint | None, AutoCall | None]:
+    """The turn's grammar (from the engine's cache) and, for tools, the first-token
+    decision of ``tool_choice="auto"``."""
+    engine = ctx.engine
+    if tools:
+        return (_tools_constraint(engine, tools, loaded, schema, opts.tool_choice,
+                                  opts.parallel_tool_calls, stop_token),
+                _auto_call(ctx, template, tools, loaded, schema, opts, stop_token,
+                           after_tools=after_tools))
+    if isinstance(schema, Constraint):
+        if schema.kind != "json_schema":
+            raise InvalidParameter("schema", "a Constraint given as schema= must be JSON")
+        if thinking:
+            raise InvalidParameter("schema", "thinking needs a schema, not a Constraint")
+        return schema.bind(engine, stop_token), None
+    if loaded is not None:
+        budget = max(1, min(ctx.think_budget, opts.max_tokens // 2)) if thinking else None
+        return _schema_constraint(engine, loaded, stop_token, think_budget=budget), None
+    if isinstance(opts.constraint, Constraint):
+        return opts.constraint.bind(engine, stop_token), None
+    return None, None
+
+
+def plan_completion(engine: Vocabulary, prompt: Sequence[int], *, sampler: Sampler,
+                    max_tokens: int, schema: SchemaInput | None = None,
+                    constraint: Constraint | None = None,
+                    stop: str | Sequence[str] | None = None) -> TurnPlan:
+    """A raw completion: ``prompt`` token ids continued, no chat template (the server's
+    ``/v1/completions``). It ends at EOS or the end-of-turn token; ``schema`` (JSON) or an
+    unbound ``constraint`` (regex / Lark) governs it like a chat turn. Refusals before any
+    decode, as :func:`plan_turn`."""
+    check_max_tokens(max_tokens)
+    if not prompt:
+        raise InvalidParameter("prompt", "empty prompt")
+    if any(not 0 <= t < engine.n_vocab for t in prompt):
+        raise InvalidParameter("prompt", f"token ids must be in [0, {engine.n_vocab})")
+    if schema is not None and constraint is not None:
+        raise InvalidParameter("schema", "give a schema or a grammar, not both")
+    stop_strings = check_stop(stop, constrained=schema is not None or constraint is not None)
+    if len(prompt) + max_tokens > engine.n_ctx_seq:
+        raise ContextOverflow(len(prompt), max_tokens, engine.n_ctx_seq)
+    stop_token = engine.eos_id
+    grammar: Constraint | None = None
+    if schema is not None:
+        grammar = _schema_constraint(engine, load_schema(schema), stop_token,
+                                     think_budget=None)
+    elif constraint is not None:
+        grammar = _compiled(engine, (constraint.kind, constraint.source, stop_token),
+                            lambda: constraint.bind(engine, stop_token),
+                            f"{constraint.kind} grammar").clone()
+    return TurnPlan(prompt=list(prompt), stop_ids=frozenset({engine.eos_id, engine.eot_id}),
+                    max_tokens=max_tokens, sampler=sampler, processor=grammar,
+                    constraint=grammar, stop_strings=stop_strings, stop_token=stop_token)
+
+
+def turn_stop_token(engine: Vocabulary, template: ChatTemplate) -> int:
+    """The token that ends an assistant turn under ``template``."""
+    if template.end_of_turn:
+        ids = engine.tokenize(template.end_of_turn, special=True)
+        if len(ids) == 1 and engine.is_control(ids[0]):
+            return ids[0]
+    return engine.eot_id
+
+
+def _render(ctx: TurnContext, template: ChatTemplate, messages: list[Message],
+            tools: list[Tool], *, thinking: bool) -> list[int]:
+    engine = ctx.engine
+    if messages and messages[0].role == "system" and not template.supports_system:
+        _log.info("template %r has no system role: the system prompt opens the first user "
+                  "message", template.name)
+        messages = fold_system(messages)
+    segments = template.render(
+        messages,
+        add_generation_prompt=True,
+        tools=[t.definition.for_template() for t in tools] or None,
+        enable_thinking=(False if ctx.no_think else None) if template.supports_thinking
+        else None,
+        bos_token=engine.detokenize([engine.bos_id]) if engine.bos_id >= 0 else "",
+        eos_token=engine.detokenize([engine.eos_id]) if engine.eos_id >= 0 else "",
+        special=engine.special_texts(),
+    )
+    if ctx.no_think and not template.supports_thinking:
+        segments.append(Segment("markup", NO_THINK_PREFILL))
+    if thinking:
+        segments.append(Segment("markup", "<think>"))
+    prompt = tokenize_segments(engine, segments)
+    if engine.add_bos and (not prompt or prompt[0] != engine.bos_id):
+        prompt.insert(0, engine.bos_id)
+    return prompt
+
+
+def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchema | None,
+                      schema: SchemaArg, choice: str, parallel: bool | int,
+                      stop_token: int) -> Constraint:
+    if isinstance(schema, Constraint):
+        raise InvalidParameter("schema", "with tools=, give the output as a schema")
+    if loaded is not None and not isinstance(loaded.doc, dict):
+        raise InvalidParameter("schema", "the output schema must be an object schema")
+    out_doc = loaded.doc if loaded is not None and isinstance(loaded.doc, dict) else None
+    lark = tool_grammar(tools, choice, parallel=parallel, output=out_doc)
+
+    def build() -> Constraint:
+        made = Constraint.lark(lark, model=engine, stop_token=stop_token)
+        made.reader = loaded.reader() if loaded is not None else None
+        return made
+
+    cls = loaded.model_cls if loaded is not None else None
+    return _compiled(engine, ("tools", lark, cls, stop_token), build, "tool grammar").clone()
+
+
+def _auto_call(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
+               loaded: LoadedSchema | None, schema: SchemaArg, opts: CallOptions,
+               stop_token: int, *, after_tools: bool) -> AutoCall | None:
+    """``tool_call_threshold`` defaulted and, for ``auto`` on a local engine, the
+    decision's two grammars built (from the engine's cache).
+
+    The default applies to a reply to the user, not to the reply after tool results: it is
+    calibrated on requests (BFCL), and after a call in context a small model copies the
+    pattern (its call probability rises past any useful threshold), so an agent loop would
+    call until ``max_steps``; there the model's own sampling decides."""
+    threshold = opts.tool_call_threshold
+    if not opts.threshold_given:
+        threshold = (AUTO_CALL_THRESHOLD if template.name in BUNDLED and not after_tools
+                     and ctx.local else None)
+    if threshold is None or opts.tool_choice != "auto":
+        return None
+    _log.debug("tool_choice='auto' under the %s template: decided at the first token, a call "
+               "from P(call opening) >= %g", template.name, threshold)
+    engine, parallel = ctx.engine, opts.parallel_tool_calls
+    return AutoCall(
+        float(threshold), opening_tokens(engine),
+        call=_tools_constraint(engine, tools, loaded, schema, "required", parallel, stop_token),
+        text=_tools_constraint(engine, tools, loaded, schema, "none", parallel, stop_token))
+
+
+def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int, *,
+                       think_budget: int | None) -> Constraint:
+    """The schema's grammar (or, with a think budget, think text then the schema), compiled
+    once per engine, schema, budget and stop token, cloned per turn."""
+    if think_budget is None:
+        return _compiled(engine, ("schema", loaded.key, loaded.model_cls, stop_token),
+                         lambda: Constraint.json_schema(loaded, model=engine,
+                                                        stop_token=stop_token),
+                         "schema grammar").clone()
+
+    def build() -> Constraint:
+        doc = bound_numbers(closed_objects(loaded.doc) if isinstance(loaded.doc, dict)
+                            else loaded.doc)
+        embedded: dict[str, Any] = dict(doc) if isinstance(doc, dict) else {"anyOf": [doc]}
+        embedded["x-guidance"] = {**json_options(), **embedded.get("x-guidance", {})}
+        lark = (
+            'start: think close answer\n'
+            'close: "\\n\\n" | "</think>\\n\\n"\n'
+            f'think[capture, stop="</think>", max_tokens={think_budget}]: /(?s:.*)/\n'
+            f"answer[capture]: %json {json.dumps(embedded)}\n"
+        )
+        made = Constraint.lark(lark, model=engine, stop_token=stop_token)
+        made.reader = loaded.reader()
+        return made
+
+    return _compiled(engine, ("think+schema", loaded.key, loaded.model_cls, think_budget,
+                              stop_token), build, "think+schema grammar").clone()
+
+
+def _compiled(engine: Vocabulary, key: Any, build: Callable[[], Constraint],
+              what: str) -> Constraint:
+    """A grammar compiled once per engine and key (logged: compile time, or a cache hit)."""
+    hit = True
+
+    def timed() -> Constraint:
+        nonlocal hit
+        hit = False
+        started = time.perf_counter()
+        made = build()
+        _log.debug("%s compiled in %.1f ms", what, (time.perf_counter() - started) * 1000)
+        return made
+
+    made = engine.cache(key, timed)
+    if hit:
+        _log.debug("%s: cache hit", what)
+    return made
+
+
+def _schema_note(schema: SchemaArg, loaded: LoadedSchema | None) -> str:
+    doc = schema.source if isinstance(schema, Constraint) else (
+        loaded.doc if loaded is not None else None)
+    return "\n\nAnswer with JSON matching this schema:\n" + json.dumps(doc)
+
+
+def request_for(plan: TurnPlan, constraint: Constraint | None) -> GenerateRequest:
+    """A planned turn as a coarse engine's request: prompt ids, the grammar
+    (``constraint``) as llguidance Lark, the sampling, and (for engines that render their
+    own template) the messages and the JSON schema."""
+    c = constraint
+    params = plan.sampler.params
+    return GenerateRequest(
+        prompt=plan.prompt, grammar=lark_text(c.grammar) if c is not None else None,
+        max_tokens=plan.max_tokens, stop_ids=plan.stop_ids,
+        temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+        messages=list(plan.messages),
+        schema=c.source if c is not None and c.kind == "json_schema" else None,
+        grammar_kind=("tools" if plan.tools else "think+schema" if plan.thinking
+                      else c.kind if c is not None else None))
+
+
+def lark_text(grammar: str) -> str:
+    """A compiled llguidance grammar (``Constraint.grammar``) as llguidance Lark text, the
+    dialect remote engines with an llguidance backend take: Lark as is, a regex's Lark,
+    a JSON schema as ``start: %json {...}`` (its compile options kept in ``x-guidance``)."""
+    if not grammar.lstrip().startswith("{"):
+        return grammar
+    doc = json.loads(grammar)
+    parts = doc.get("grammars") or []
+    if len(parts) != 1:
+        raise InvalidParameter("constraint", "a grammar of several parts has no Lark form")
+    part = parts[0]
+    if part.get("lark_grammar"):
+        return str(part["lark_grammar"])
+    if part.get("json_schema") is not None:
+        return "start: %json " + json.dumps(part["json_schema"])
+    raise InvalidParameter("constraint", "this grammar has no Lark form")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
