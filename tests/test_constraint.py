@@ -236,7 +236,7 @@ def test_bound_ref_schemas_check_their_first_mask_not_a_byte_level_copy(
         Constraint.json_schema(CYCLE, model=smol)
     assert info.value.path == ""
     c = Constraint.json_schema(TREE, model=smol)
-    assert c._has_prepared and c._pending is None  # the first step reuses the checked mask
+    assert c._next.ready and c._next.pending is None  # the first step reuses the checked mask
     text = '{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]}'
     row = np.zeros(smol.n_vocab, dtype=np.float32)
     c.process(row, [])
