@@ -124,7 +124,7 @@ class Constraint:
                                              bound=model is not None)
         made = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
                    stop_token=stop_token)
-        return made if model is None else made._bind(model, None, first_mask_now=check_now)
+        return made if model is None else cls._bind(made, model, None, first_mask_now=check_now)
 
     @classmethod
     def regex(cls, pattern: str, *, model: Vocabulary | None = None,

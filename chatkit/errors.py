@@ -8,33 +8,42 @@ answers with (``http_status``, and OpenAI's error ``type``, ``code`` and ``param
 status::
 
     ChatkitError (1, 500)
-    ├── UserError (1, 400)           the caller's input is wrong; fixed by changing the call
-    │   ├── InvalidParameter (2, 400)     a bad argument value (sampling params, sizes, ...)
-    │   ├── SchemaInvalid (10, 400)       not JSON / not a JSON Schema
-    │   ├── SchemaUnsupported (11, 400)   a valid schema keyword chatkit cannot enforce
-    │   ├── GrammarInvalid (12, 400)      a regex or Lark grammar that fails to compile
-    │   ├── TemplateError (13, 400)       a chat template that fails or is unsafe to render
-    │   │   └── ToolFormatUnsupported (16, 400) tools= with a template whose call format
-    │   │                                       is not Hermes
-    │   ├── ContextOverflow (17, 400)     prompt + max_tokens exceed n_ctx, before any decode
-    │   ├── RemoteUnsupported (18, 400)   a remote engine's kind cannot enforce this
+    ├── UserError (1, 400)             the caller's input is wrong; fixed by changing the call
+    │   ├── InvalidParameter (2, 400)      a bad argument value (sampling params, sizes, ...)
+    │   ├── SchemaInvalid (10, 400)        not JSON / not a JSON Schema
+    │   ├── SchemaUnsupported (11, 400)    a valid schema keyword chatkit cannot enforce
+    │   │                                  (keyword, path)
+    │   ├── GrammarInvalid (12, 400)       a regex or Lark grammar that fails to compile
+    │   │                                  (diagnostic)
+    │   ├── TemplateError (13, 400)        a chat template that fails or is unsafe to render
+    │   │   └── ToolFormatUnsupported (16, 400)  tools= with a template whose call format
+    │   │                                        is not Hermes
+    │   ├── ContextOverflow (17, 400)      prompt + max_tokens exceed n_ctx (numbers), before
+    │   │                                  any decode
+    │   ├── RemoteUnsupported (18, 400)    a remote engine's kind cannot enforce this
+    │   │                                  (kind, what)
     │   ├── SharedProcessorError (14, 400) one processor object given to two streams
-    │   └── ToolDefinitionError (15, 400) a tool that cannot be registered (tool, reason)
-    ├── ModelError (1, 500)          the model file or the engine
-    │   ├── ModelNotFound (20, 500)       no path given and the default model is not installed
-    │   ├── ModelLoadError (21, 500)      missing, unreadable or corrupt GGUF (path)
-    │   ├── DecodeError (22, 503)         llama_decode failed (context full, ...)
-    │   ├── EngineBusy (23, 429)          the engine loop's queue is full, or no KV sequence
-    │   │                                 came free (``Retry-After: 1``)
-    │   └── RemoteError (24, 500)         a remote engine failed: down, timeout, 5xx, bad body
-    ├── ToolServerError (25, 500)    an MCP tool server is unreachable or its session gone
-    └── GenerationError (1, 500)     what the model produced cannot be returned as a success
-        ├── AllTokensMasked (30, 500)     the processor left no selectable token
-        ├── ConstraintError (31, 500)     the grammar matcher entered an error state
-        ├── Truncated (32, 500)           max_tokens hit before the constraint completed
-        ├── SchemaViolation (33, 500)     the independent reader rejected the final text
+    │   └── ToolDefinitionError (15, 400)  a tool that cannot be registered (tool, reason)
+    ├── ModelError (1, 500)            the model file or the engine
+    │   ├── ModelNotFound (20, 500)        no path given and the default model is not installed
+    │   ├── ModelLoadError (21, 500)       missing, unreadable or corrupt GGUF (path)
+    │   ├── DecodeError (22, 503)          llama_decode failed (context full, ...)
+    │   ├── EngineBusy (23, 429)           the engine loop's queue is full, or no KV sequence
+    │   │                                  came free (``Retry-After: 1``)
+    │   └── RemoteError (24, 500)          a remote engine failed: down, timeout, 5xx, bad body
+    │                                      (url)
+    ├── ToolServerError (25, 500)      an MCP tool server is unreachable or its session gone
+    │                                  (server)
+    └── GenerationError (1, 500)       what the model produced cannot be returned as a success
+        ├── AllTokensMasked (30, 500)      the processor left no selectable token
+        ├── ConstraintError (31, 500)      the grammar matcher entered an error state (message)
+        ├── Truncated (32, 500)            max_tokens hit before the constraint completed
+        │                                  (partial text)
+        ├── SchemaViolation (33, 500)      the independent reader rejected the final text
+        │                                  (text, errors)
         ├── ToolArgumentsInvalid (34, 500) a tool call whose arguments fail validation
-        └── MaxStepsExceeded (35, 500)    the agent loop hit max_steps (transcript)
+        │                                  (name, errors)
+        └── MaxStepsExceeded (35, 500)     the agent loop hit max_steps (transcript)
 
 The OpenAI error fields (``chatkit.openai_api.translate_error`` reads them):
 

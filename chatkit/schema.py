@@ -100,7 +100,6 @@ def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
     return LoadedSchema(doc, model_cls, key)
 
 
-
 def closed_objects(doc: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``doc`` with its objects closed (see :func:`close_objects`)."""
     copy: dict[str, Any] = json.loads(json.dumps(doc))
@@ -148,14 +147,12 @@ def close_objects(doc: dict[str, Any]) -> None:
         node.setdefault("additionalProperties", False)
 
 
-
 def json_options(whitespace: Whitespace = "compact") -> dict[str, Any]:
     """llguidance JSON compile options: bounded whitespace, unknown keywords refused.
     Also the ``x-guidance`` block of a schema embedded in a Lark grammar (``%json``)."""
     item_sep, key_sep = _SEPARATORS[whitespace]
     return {"whitespace_flexible": False, "item_separator": item_sep,
             "key_separator": key_sep, "lenient": False}
-
 
 
 class JsonGrammar(NamedTuple):
@@ -285,5 +282,3 @@ _UNSUPPORTED_MESSAGES = (
     ("maxProperties", "maxProperties"),
     ("propertyNames", "propertyNames"),
 )
-
-

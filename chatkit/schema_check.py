@@ -359,4 +359,3 @@ def _surely_unique(value: Any) -> bool:
             return False
         seen.add(key)
     return True
-

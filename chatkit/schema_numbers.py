@@ -157,4 +157,3 @@ def _bound_in_place(node: dict[str, Any], kinds: set[str], digits: tuple[int, in
         node[upper[0]] = upper[1]
     if low is None and (high is None or high > -limit):
         node[lower[0]] = lower[1]
-
