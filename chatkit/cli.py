@@ -297,6 +297,19 @@ def build_parser() -> argparse.ArgumentParser:
                      "guaranteed by construction.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run(sub)
+    _add_serve(sub)
+    info = sub.add_parser("info", help="describe a GGUF model and the llama.cpp build: its "
+                          "backends, devices and where the layers run")
+    info.add_argument("--model", default=None, help="GGUF path (default: embedded SmolLM2)")
+    _placement_flags(info)
+    info.add_argument("--debug", action="store_true", help="show tracebacks")
+    info.set_defaults(func=_info)
+    return parser
+
+
+def _add_run(sub: Any) -> None:
+    """The ``run`` command and its flags."""
     run = sub.add_parser("run", help="one constrained reply (the verdict-lane interface)")
     run.add_argument("--prompt", required=True, help="TEXT, @FILE, or - for stdin")
     run.add_argument("--system", help="TEXT or @FILE")
@@ -333,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--debug", action="store_true", help="show tracebacks and MCP "
                      "servers' logs")
     run.set_defaults(func=_run)
+
+
+def _add_serve(sub: Any) -> None:
+    """The ``serve`` command and its flags."""
     srv = sub.add_parser("serve", help="an OpenAI-compatible server (needs chatkit[serve])")
     srv.add_argument("--model", help="GGUF path (default: the embedded SmolLM2)")
     srv.add_argument("--name", help="the model id clients use (default: the file's stem)")
@@ -356,13 +373,6 @@ def build_parser() -> argparse.ArgumentParser:
     _placement_flags(srv)
     srv.add_argument("--debug", action="store_true", help="show tracebacks")
     srv.set_defaults(func=_serve)
-    info = sub.add_parser("info", help="describe a GGUF model and the llama.cpp build: its "
-                          "backends, devices and where the layers run")
-    info.add_argument("--model", default=None, help="GGUF path (default: embedded SmolLM2)")
-    _placement_flags(info)
-    info.add_argument("--debug", action="store_true", help="show tracebacks")
-    info.set_defaults(func=_info)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

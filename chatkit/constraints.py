@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -92,14 +92,11 @@ class Constraint:
         self.prefetch: bool | None = None
         """Compute the next mask in a worker thread right after each commit, so it
         overlaps the model's forward pass (llama.cpp and llguidance release the GIL).
-        None (auto): only when the machine has a core llama.cpp's threads leave free;
-        on 2 cores with 2 llama threads the overlap measured slower than inline."""
+        None (auto): only when the machine has a core llama.cpp's threads leave free."""
         self.check_first = True
         """Greedy selection asks :meth:`allows` about the unmasked argmax before
         masking the row (exact; see ``Sampler._greedy_checked``). False: mask every step."""
-        self._pending: Future[Prepared | None] | None = None
-        self._prepared: Prepared | None = None
-        self._has_prepared = False
+        self._next = _NextMask()
         # Per grammar state, for allows(): -1 nothing forced, -2 forced bytes without a
         # whole token, else the first canonical forced token. None: not computed yet.
         self._forced: int | None = None
@@ -123,42 +120,24 @@ class Constraint:
         ``SchemaUnsupported(keyword, path)``.
         """
         loaded = load_schema(schema)
-        if model is None:
-            grammar = compile_json_schema(loaded.doc, whitespace, digits)
-            return cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
-                       stop_token=stop_token)
-        # Bound at once: the model's matcher validates the grammar (and its first mask shows
-        # an empty language), so skip the separate passes over a byte-level tokenizer.
-        compiled = json_grammar(loaded.doc, whitespace, digits)
-        made = cls("json_schema", compiled.grammar, source=loaded.doc, reader=loaded.reader(),
+        grammar, check_now = _schema_grammar(loaded.doc, whitespace, digits,
+                                             bound=model is not None)
+        made = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
                    stop_token=stop_token)
-        return cls._bind(made, model, None, first_mask_now=compiled.may_be_empty)
+        return made if model is None else cls._bind(made, model, None, first_mask_now=check_now)
 
     @classmethod
     def regex(cls, pattern: str, *, model: Vocabulary | None = None,
               stop_token: int | None = None) -> Constraint:
         """Text matching ``pattern`` in full (Rust regex syntax). Raises ``GrammarInvalid``."""
-        trailing = len(pattern) - len(pattern.rstrip("\\"))
-        if trailing % 2:  # llguidance would silently drop a dangling escape
-            raise GrammarInvalid("regex", "pattern ends with a dangling backslash")
-        for m in _REPEAT.finditer(pattern):
-            if max(int(n) for n in m.groups() if n) > MAX_REPEAT:
-                raise GrammarInvalid("regex", f"repetition {m.group(0)} exceeds {MAX_REPEAT} "
-                                     "(the lexer's automaton would not fit its limits)")
-        import llguidance
-
-        grammar = _checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
-        made = cls("regex", grammar, source=pattern, stop_token=stop_token)
+        made = cls("regex", _regex_grammar(pattern), source=pattern, stop_token=stop_token)
         return made.bind(model) if model is not None else made
 
     @classmethod
     def lark(cls, grammar: str, *, model: Vocabulary | None = None,
              stop_token: int | None = None) -> Constraint:
         """Text derived from a Lark grammar (llguidance dialect). Raises ``GrammarInvalid``."""
-        import llguidance
-
-        compiled = _checked(llguidance.LLMatcher.grammar_from_lark(grammar), "lark")
-        made = cls("lark", compiled, source=grammar, stop_token=stop_token)
+        made = cls("lark", _lark_grammar(grammar), source=grammar, stop_token=stop_token)
         return made.bind(model) if model is not None else made
 
     # ----------------------------------------------------------------- binding
@@ -182,15 +161,11 @@ class Constraint:
         if self.model is not None:
             other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader)
             return other.bind(model, stop)
-        if not 0 <= stop < model.n_vocab:
-            raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
-        import llguidance
         import llguidance.numpy
 
-        tok = model.llg_tokenizer(stop, sliced=wants_slices(self.grammar))
-        matcher = llguidance.LLMatcher(tok, self.grammar, log_level=0)
+        matcher = _new_matcher(model, self.grammar, stop)
         if matcher.is_error():
-            raise self._matcher_refusal(matcher.get_error())
+            raise _matcher_refusal(self.kind, self.source, matcher.get_error())
         self.model = model
         self.stop_token = stop
         self._initial = matcher
@@ -209,24 +184,17 @@ class Constraint:
         self._forced = None
         words = self._fill()
         if words is None:
-            raise self._matcher_refusal(matcher_problem(str(self._matcher.get_error())))
+            problem = matcher_problem(str(self._matcher.get_error()))
+            raise _matcher_refusal(self.kind, self.source, problem)
         assert self.model is not None
-        self._prepared = prepare_bitmask(words, self.model.n_vocab)
-        self._has_prepared = True
+        self._next.keep(prepare_bitmask(words, self.model.n_vocab))
 
     def check_start(self) -> None:
-        """Compute the first mask now (kept for the first step) and refuse by name a grammar
-        that errors there: one that compiles but is too large to run (llguidance's limits
-        on expressions or items), or whose language is empty (``GrammarInvalid``, or the
-        schema's refusal). A server calls it before it answers 200. Bound constraints in
-        their initial state only."""
+        """Compute the first mask now (kept for the first step); raise the named refusal
+        (``GrammarInvalid``, or the schema's) of a grammar that errors there: too large to run
+        (llguidance's limits) or an empty language. Bound, initial-state constraints only."""
         self._live()  # a mask computed in the background has finished with the matcher
         self._first_mask()
-
-    def _matcher_refusal(self, message: str) -> Exception:
-        if self.kind == "json_schema" and isinstance(self.source, dict | bool):
-            return schema_refusal(self.source, message)
-        return _refusal(self.kind, message)
 
     def clone(self) -> Constraint:
         """A fresh copy (initial state) bound to the same model; no recompilation."""
@@ -249,23 +217,12 @@ class Constraint:
         """The matcher, after any in-flight mask computation has finished with it."""
         if self._matcher is None:
             raise InvalidParameter("constraint", "not bound to a model: call bind(model) first")
-        pending = self._pending
-        if pending is not None:
-            self._pending = None
-            self._prepared = pending.result()
-            self._has_prepared = True
+        self._next.settle()
         return self._matcher
 
     def _fill(self) -> NDArray[np.int32] | None:
         """The current state's mask words, padding cleared (None: matcher in error)."""
-        m = self._matcher
-        mask = self._mask
-        m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
-        if m.is_error():
-            return None
-        words: NDArray[np.int32] = mask[0]
-        np.bitwise_and(words, self._static, out=words)
-        return words
+        return _mask_words(self._matcher, self._mask, self._static)
 
     def _compute(self) -> Prepared | None:
         """Mask for the current state, ready to apply (None when the matcher is in error)."""
@@ -278,23 +235,15 @@ class Constraint:
     def _schedule(self) -> None:
         """A new grammar state (bind, commit, reset): forget per-state results."""
         self._forced = None
-        self._has_prepared = False
-        prefetch = self.prefetch
-        if prefetch is None:
-            prefetch = self._spare_core
-        if prefetch:
-            self._pending = _mask_pool().submit(self._compute)
+        prefetch = self._spare_core if self.prefetch is None else self.prefetch
+        self._next.forget(self._compute if prefetch else None)
 
     # --------------------------------------------------------- LogitProcessor
     def process(self, logits: NDArray[np.float32], history: Sequence[int]) -> None:
-        """Set every token the grammar forbids to -inf, in place.
-
-        Uses the mask prefetched since the last commit when there is one
-        (then ~10-60 us here), else computes it (~50-500 us).
-        """
+        """Set every token the grammar forbids to -inf, in place: the mask prefetched since
+        the last commit when there is one, else computed now."""
         m = self._live()
-        prepared = self._prepared if self._has_prepared else self._compute()
-        self._has_prepared = False
+        prepared = self._next.take(self._compute)
         if prepared is None or m.is_error():
             raise ConstraintError(m.get_error() or "grammar matcher error")
         apply_prepared(logits, prepared)
@@ -302,14 +251,12 @@ class Constraint:
     def allows(self, token: int) -> bool:
         """Whether the mask :meth:`process` would apply now lets ``token`` through (pure).
 
-        One llguidance ``validate_tokens`` call (a few us) instead of a full mask:
-        greedy selection asks this about the unmasked argmax first (``check_first``).
+        One llguidance ``validate_tokens`` call instead of a full mask: greedy selection
+        asks this about the unmasked argmax first (``check_first``).
         """
         m = self._live()
-        if not 0 <= token < self._static.shape[0] * 32:
-            return False
-        if not (int(self._static[token >> 5]) >> (token & 31)) & 1:
-            return False  # padding ids
+        if not _bit_set(self._static, token):
+            return False  # padding ids, or not a token id
         if token == self.stop_token:  # validate_tokens never takes the EOS; the mask does
             return bool(m.is_accepting())
         if self._forced is None:
@@ -379,6 +326,110 @@ _SPARE_CORE_KEY = ("constraint", "spare_core")
 def _has_spare_core(model: Vocabulary) -> bool:
     threads = int(getattr(model, "n_threads", 0))  # a remote engine's threads are not ours
     return (os.cpu_count() or 1) > threads
+
+
+def _schema_grammar(doc: dict[str, Any] | bool, whitespace: Whitespace, digits: Digits, *,
+                    bound: bool) -> tuple[str, bool]:
+    """A checked schema's grammar, and whether the model's matcher must check its first
+    mask at once. ``bound``: a matcher over the model is built at once; it validates the
+    grammar (and its first mask shows an empty language), so the separate passes over a
+    byte-level tokenizer are skipped."""
+    if not bound:
+        return compile_json_schema(doc, whitespace, digits), False
+    compiled = json_grammar(doc, whitespace, digits)
+    return compiled.grammar, compiled.may_be_empty
+
+
+def _lark_grammar(grammar: str) -> str:
+    """A Lark grammar compiled by llguidance, or ``GrammarInvalid``."""
+    import llguidance
+
+    return _checked(llguidance.LLMatcher.grammar_from_lark(grammar), "lark")
+
+
+def _matcher_refusal(kind: ConstraintKind, source: Any, message: str) -> Exception:
+    """The named refusal of a grammar whose matcher errs with ``message``."""
+    if kind == "json_schema" and isinstance(source, dict | bool):
+        return schema_refusal(source, message)
+    return _refusal(kind, message)
+
+
+def _regex_grammar(pattern: str) -> str:
+    """``pattern`` compiled to an llguidance grammar, or ``GrammarInvalid`` (a dangling
+    escape, a repetition past ``MAX_REPEAT``, what llguidance refuses)."""
+    trailing = len(pattern) - len(pattern.rstrip("\\"))
+    if trailing % 2:  # llguidance would silently drop a dangling escape
+        raise GrammarInvalid("regex", "pattern ends with a dangling backslash")
+    for m in _REPEAT.finditer(pattern):
+        if max(int(n) for n in m.groups() if n) > MAX_REPEAT:
+            raise GrammarInvalid("regex", f"repetition {m.group(0)} exceeds {MAX_REPEAT} "
+                                 "(the lexer's automaton would not fit its limits)")
+    import llguidance
+
+    return _checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
+
+
+def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> Any:
+    """An llguidance matcher of ``grammar`` over ``model``'s tokenizer ending in ``stop``
+    (``InvalidParameter`` when that is no token id); check its ``is_error()``."""
+    if not 0 <= stop < model.n_vocab:
+        raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
+    import llguidance
+
+    tok = model.llg_tokenizer(stop, sliced=wants_slices(grammar))
+    return llguidance.LLMatcher(tok, grammar, log_level=0)
+
+
+def _mask_words(matcher: Any, mask: NDArray[np.int32],
+                static: NDArray[np.int32]) -> NDArray[np.int32] | None:
+    """``matcher``'s mask computed into ``mask`` (one row), ``static``'s cleared bits
+    cleared (None: the matcher is in error)."""
+    matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+    if matcher.is_error():
+        return None
+    words: NDArray[np.int32] = mask[0]
+    np.bitwise_and(words, static, out=words)
+    return words
+
+
+def _bit_set(words: NDArray[np.int32], token: int) -> bool:
+    """Whether ``token``'s bit is set in mask ``words`` (False past their end)."""
+    if not 0 <= token < words.shape[0] * 32:
+        return False
+    return bool((int(words[token >> 5]) >> (token & 31)) & 1)
+
+
+class _NextMask:
+    """The mask of a constraint's next step, computed ahead: in a worker thread after each
+    commit (prefetch), or at once by a check; taken once by the step."""
+
+    def __init__(self) -> None:
+        self.pending: Future[Prepared | None] | None = None
+        self.prepared: Prepared | None = None
+        self.ready = False
+
+    def forget(self, compute: Callable[[], Prepared | None] | None) -> None:
+        """A new grammar state: drop the mask kept; start ``compute`` in the pool if given."""
+        self.ready = False
+        if compute is not None:
+            self.pending = _mask_pool().submit(compute)
+
+    def settle(self) -> None:
+        """Wait for a computation in flight (it uses the matcher) and keep its mask."""
+        pending = self.pending
+        if pending is not None:
+            self.pending = None
+            self.keep(pending.result())
+
+    def keep(self, prepared: Prepared | None) -> None:
+        self.prepared = prepared
+        self.ready = True
+
+    def take(self, compute: Callable[[], Prepared | None]) -> Prepared | None:
+        """The kept mask, else ``compute()``'s; nothing is kept afterwards."""
+        prepared = self.prepared if self.ready else compute()
+        self.ready = False
+        return prepared
 
 
 def _checked(grammar: str, kind: ConstraintKind) -> str:

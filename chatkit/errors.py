@@ -1,42 +1,80 @@
 """The chatkit error tree.
 
 Every error chatkit raises derives from :class:`ChatkitError`. The class is the
-code: context travels as attributes, and each class carries the exit code the
-``chatkit`` command uses for it (``exit_code``)::
+code: context travels as attributes, and each class carries, as class data, the exit
+code the ``chatkit`` command uses for it (``exit_code``) and the HTTP error a server
+answers with (``http_status``, and OpenAI's error ``type``, ``code`` and ``param``:
+``error_type``, ``error_code``, ``error_param``). The tree, with exit code and HTTP
+status::
 
-    ChatkitError (1)
-    ├── UserError                    the caller's input is wrong; fixed by changing the call
-    │   ├── InvalidParameter (2)     a bad argument value (sampling params, sizes, ...)
-    │   ├── SchemaInvalid (10)       not JSON / not a JSON Schema
-    │   ├── SchemaUnsupported (11)   a valid schema keyword chatkit cannot enforce (keyword, path)
-    │   ├── GrammarInvalid (12)      a regex or Lark grammar that fails to compile (diagnostic)
-    │   ├── TemplateError (13)       a chat template that fails or is unsafe to render
-    │   │   └── ToolFormatUnsupported (16) tools= with a template whose call format is not Hermes
-    │   ├── ContextOverflow (17)     prompt + max_tokens exceed n_ctx (numbers), before any decode
-    │   ├── RemoteUnsupported (18)   a remote engine's kind cannot enforce this (kind, what)
-    │   ├── SharedProcessorError (14) one processor object given to two streams
-    │   └── ToolDefinitionError (15) a tool that cannot be registered (tool, reason)
-    ├── ModelError                   the model file or the engine
-    │   ├── ModelNotFound (20)       no path given and the default model is not installed
-    │   ├── ModelLoadError (21)      missing, unreadable or corrupt GGUF (path)
-    │   ├── DecodeError (22)         llama_decode failed (context full, ...)
-    │   ├── EngineBusy (23)          the engine loop's queue is full, or no KV sequence came free
-    │   └── RemoteError (24)         a remote engine failed: down, timeout, 5xx, bad body (url)
-    ├── ToolServerError (25)         an MCP tool server is unreachable or its session gone (server)
-    └── GenerationError              what the model produced cannot be returned as a success
-        ├── AllTokensMasked (30)     the processor left no selectable token
-        ├── ConstraintError (31)     the grammar matcher entered an error state (message)
-        ├── Truncated (32)           max_tokens hit before the constraint completed (partial text)
-        ├── SchemaViolation (33)     the independent reader rejected the final text (text, errors)
-        ├── ToolArgumentsInvalid (34) a tool call whose arguments fail validation (name, errors)
-        └── MaxStepsExceeded (35)    the agent loop hit max_steps (transcript)
+    ChatkitError (1, 500)
+    ├── UserError (1, 400)             the caller's input is wrong; fixed by changing the call
+    │   ├── InvalidParameter (2, 400)      a bad argument value (sampling params, sizes, ...)
+    │   ├── SchemaInvalid (10, 400)        not JSON / not a JSON Schema
+    │   ├── SchemaUnsupported (11, 400)    a valid schema keyword chatkit cannot enforce
+    │   │                                  (keyword, path)
+    │   ├── GrammarInvalid (12, 400)       a regex or Lark grammar that fails to compile
+    │   │                                  (diagnostic)
+    │   ├── TemplateError (13, 400)        a chat template that fails or is unsafe to render
+    │   │   └── ToolFormatUnsupported (16, 400)  tools= with a template whose call format
+    │   │                                        is not Hermes
+    │   ├── ContextOverflow (17, 400)      prompt + max_tokens exceed n_ctx (numbers), before
+    │   │                                  any decode
+    │   ├── RemoteUnsupported (18, 400)    a remote engine's kind cannot enforce this
+    │   │                                  (kind, what)
+    │   ├── SharedProcessorError (14, 400) one processor object given to two streams
+    │   └── ToolDefinitionError (15, 400)  a tool that cannot be registered (tool, reason)
+    ├── ModelError (1, 500)            the model file or the engine
+    │   ├── ModelNotFound (20, 500)        no path given and the default model is not installed
+    │   ├── ModelLoadError (21, 500)       missing, unreadable or corrupt GGUF (path)
+    │   ├── DecodeError (22, 503)          llama_decode failed (context full, ...)
+    │   ├── EngineBusy (23, 429)           the engine loop's queue is full, or no KV sequence
+    │   │                                  came free (``Retry-After: 1``)
+    │   └── RemoteError (24, 500)          a remote engine failed: down, timeout, 5xx, bad body
+    │                                      (url)
+    ├── ToolServerError (25, 500)      an MCP tool server is unreachable or its session gone
+    │                                  (server)
+    └── GenerationError (1, 500)       what the model produced cannot be returned as a success
+        ├── AllTokensMasked (30, 500)      the processor left no selectable token
+        ├── ConstraintError (31, 500)      the grammar matcher entered an error state (message)
+        ├── Truncated (32, 500)            max_tokens hit before the constraint completed
+        │                                  (partial text)
+        ├── SchemaViolation (33, 500)      the independent reader rejected the final text
+        │                                  (text, errors)
+        ├── ToolArgumentsInvalid (34, 500) a tool call whose arguments fail validation
+        │                                  (name, errors)
+        └── MaxStepsExceeded (35, 500)     the agent loop hit max_steps (transcript)
+
+The OpenAI error fields (``chatkit.openai_api.translate_error`` reads them):
+
+=====================  ======================  =========================  ==================
+class                  ``type``                ``code``                   ``param``
+=====================  ======================  =========================  ==================
+ChatkitError           server_error            the class's name           --
+UserError              invalid_request_error   the class's name           --
+InvalidParameter       invalid_request_error   invalid_value              the argument named
+SchemaInvalid          invalid_request_error   schema_invalid             the schema field
+SchemaUnsupported      invalid_request_error   schema_unsupported         the schema field
+GrammarInvalid         invalid_request_error   grammar_invalid            the schema field
+TemplateError          invalid_request_error   template_error             messages
+ToolFormatUnsupported  invalid_request_error   tool_format_unsupported    tools
+ContextOverflow        invalid_request_error   context_length_exceeded    messages
+ToolDefinitionError    invalid_request_error   tool_definition_invalid    tools
+EngineBusy             rate_limit_error        engine_busy                --
+=====================  ======================  =========================  ==================
+
+A class not in the table has its parent's fields ("the class's name" is always the
+raised class's own). The schema field is the endpoint's (``response_format``, the
+Responses API's ``text.format``). A 5xx message is prefixed with the class's name.
 
 Foreign exceptions are translated at the boundary with ``raise ... from exc``.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Final
 
 __all__ = [
     "AllTokensMasked",
@@ -68,30 +106,64 @@ __all__ = [
 ]
 
 
+SCHEMA_PARAM: Final = "{schema}"
+"""``error_param`` of an error about the requested output format: the endpoint names its
+own field (``response_format``, or ``text.format`` in the Responses API)."""
+
+
 class ChatkitError(Exception):
-    """Root of every chatkit error. ``exit_code`` is the CLI's exit status for it."""
+    """Root of every chatkit error. ``exit_code`` is the CLI's exit status for it; the
+    ``http_*`` and ``error_*`` class data are the HTTP error a server answers with."""
 
     exit_code: ClassVar[int] = 1
+    http_status: ClassVar[int] = 500
+    http_headers: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    error_type: ClassVar[str] = "server_error"
+    """OpenAI's error ``type``."""
+    error_code: ClassVar[str | None] = None
+    """OpenAI's error ``code``; None: the raised class's own name."""
+    error_param: ClassVar[str | None] = None
+    """The request field at fault (``SCHEMA_PARAM``: the endpoint's schema field)."""
+    message_prefix: ClassVar[str] = ""
+    """Put before the message in the HTTP error's body."""
+
+    def api_code(self) -> str:
+        """The OpenAI error ``code`` of this error."""
+        return self.error_code or type(self).__name__
+
+    def api_param(self, schema_param: str) -> str | None:
+        """The request field at fault; ``schema_param``: the endpoint's schema field."""
+        return schema_param if self.error_param == SCHEMA_PARAM else self.error_param
 
 
 class UserError(ChatkitError):
     """The caller's input is wrong: fixed by changing the call, not by retrying."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
 
 
 class InvalidParameter(UserError, ValueError):
     """An argument value is out of range or of the wrong kind (``name`` says which)."""
 
     exit_code = 2
+    error_code = "invalid_value"
 
     def __init__(self, name: str, message: str) -> None:
         super().__init__(f"{name}: {message}")
         self.name = name
+
+    def api_param(self, schema_param: str) -> str | None:
+        """The argument this error names."""
+        return self.name
 
 
 class SchemaInvalid(UserError):
     """The schema is not JSON, or not a valid JSON Schema (``path``: JSON pointer, may be "")."""
 
     exit_code = 10
+    error_code = "schema_invalid"
+    error_param = SCHEMA_PARAM
 
     def __init__(self, message: str, *, path: str = "") -> None:
         super().__init__(f"{message} (at {path or '/'})" if path else message)
@@ -102,6 +174,8 @@ class SchemaUnsupported(UserError):
     """A valid schema keyword that chatkit cannot enforce; refused, never ignored."""
 
     exit_code = 11
+    error_code = "schema_unsupported"
+    error_param = SCHEMA_PARAM
 
     def __init__(self, keyword: str, path: str, detail: str = "") -> None:
         msg = f"keyword {keyword!r} at {path or '/'} cannot be enforced"
@@ -115,6 +189,8 @@ class GrammarInvalid(UserError):
     """A regex or Lark grammar failed to compile; ``diagnostic`` is the engine's message."""
 
     exit_code = 12
+    error_code = "grammar_invalid"
+    error_param = SCHEMA_PARAM
 
     def __init__(self, kind: str, diagnostic: str) -> None:
         super().__init__(f"{kind}: {diagnostic}")
@@ -126,6 +202,9 @@ class TemplateError(UserError):
     """A chat template failed to render, or tried something the sandbox forbids."""
 
     exit_code = 13
+    error_code = "template_error"
+    error_param = "messages"
+    message_prefix = "the chat template refused the messages: "
 
 
 class ToolFormatUnsupported(TemplateError):
@@ -133,6 +212,9 @@ class ToolFormatUnsupported(TemplateError):
     model has no tool format at all): refused rather than rendered in foreign markup."""
 
     exit_code = 16
+    error_code = "tool_format_unsupported"
+    error_param = "tools"
+    message_prefix = ""
 
     def __init__(self, template: str, reason: str) -> None:
         super().__init__(f"template {template!r}: {reason}")
@@ -146,6 +228,8 @@ class ContextOverflow(UserError):
     model with a larger ``n_ctx``, or opt in to ``context_policy="drop_oldest"``."""
 
     exit_code = 17
+    error_code = "context_length_exceeded"
+    error_param = "messages"
 
     def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
         super().__init__(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) "
@@ -199,6 +283,7 @@ class DecodeError(ModelError):
     """``llama_decode`` returned an error status (``status``), e.g. the context is full."""
 
     exit_code = 22
+    http_status = 503
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"llama_decode failed ({status}): {message}")
@@ -211,6 +296,10 @@ class EngineBusy(ModelError):
     turns are never failed to make room; retry later (a server answers 429)."""
 
     exit_code = 23
+    http_status = 429
+    http_headers = MappingProxyType({"Retry-After": "1"})
+    error_type = "rate_limit_error"
+    error_code = "engine_busy"
 
     def __init__(self, reason: str, *, queued: int = 0, max_queue: int = 0) -> None:
         self.reason = reason
@@ -296,6 +385,8 @@ class ToolDefinitionError(UserError):
     schema chatkit cannot enforce (``tool`` names it)."""
 
     exit_code = 15
+    error_code = "tool_definition_invalid"
+    error_param = "tools"
 
     def __init__(self, tool: str, reason: str) -> None:
         super().__init__(f"tool {tool!r}: {reason}")

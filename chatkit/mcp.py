@@ -85,21 +85,9 @@ class MCPToolset:
         self.connect_timeout = connect_timeout
         self.prefix = prefix
         self.exclude = frozenset(exclude)
-        self._target = target
-        self._stderr = stderr
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: Any = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._ended = threading.Event()
-        self._failure: BaseException | None = None
-        self._lock = threading.Lock()
         self._listing: list[Any] | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
-        self._task: asyncio.Task[Any] | None = None
-        self._up = threading.Event()
-        """The session came up (a close before that cancels the connecting task)."""
+        self._session = _Session(target, name=name, connect_timeout=connect_timeout,
+                                 stderr=stderr, on_tools_changed=self._forget_listing)
 
     # ------------------------------------------------------------------ making
     @classmethod
@@ -132,38 +120,12 @@ class MCPToolset:
     def open(self) -> MCPToolset:
         """Start the session (idempotent). Waits up to ``connect_timeout`` for the server;
         raises ``ToolServerError`` when it cannot be started or reached."""
-        with self._lock:
-            starting = self._thread is None
-            if starting:
-                self._thread = threading.Thread(target=self._thread_main, daemon=True,
-                                                name=f"chatkit-mcp {self.name}")
-                self._thread.start()
-        if not starting:  # opened, or being opened by another thread: wait for it
-            self._ready.wait(self.connect_timeout)
-            if self._client is None:
-                raise self._gone("the session is not open" if not self._ended.is_set()
-                                 else "the session has ended")
-            return self
-        if not self._ready.wait(self.connect_timeout):
-            self.close()
-            raise ToolServerError(self.name, f"no session within {self.connect_timeout} s")
-        if self._client is None:
-            failure = self._failure
-            self.close()
-            raise ToolServerError(self.name, f"could not connect: {_describe(failure)}"
-                                  ) from failure
-        # runs at interpreter exit (the session's thread holds the toolset while it lives)
-        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._stop,
-                                           self._thread, self._task, self._up)
-        _log.info("MCP server %s: connected", self.name)
+        self._session.open()
         return self
 
     def close(self) -> None:
         """End the session and stop the server's process (idempotent; waits for it)."""
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        _shutdown(self._loop, self._stop, self._thread, self._task, self._up)
+        self._session.close()
 
     def __enter__(self) -> MCPToolset:
         return self.open()
@@ -180,6 +142,188 @@ class MCPToolset:
         import anyio.to_thread
 
         await anyio.to_thread.run_sync(self.close)
+
+    def _forget_listing(self) -> None:
+        """The server's tool list changed: list it again when next asked."""
+        self._listing = None
+
+    # ------------------------------------------------------------------- calls
+    def _list(self) -> list[Any]:
+        if self._listing is None:
+            async def fetch(client: Any) -> list[Any]:
+                tools: list[Any] = []
+                cursor = None
+                while True:
+                    page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+                    tools += page.tools
+                    cursor = page.next_cursor
+                    if not cursor:
+                        return tools
+
+            future = self._session.submit(lambda client: fetch(client))
+            try:
+                self._listing = _wait(future, self.connect_timeout)
+            except TimeoutError as exc:
+                raise self._session.gone(f"tools/list got no answer within {self.connect_timeout} s"
+                                 ) from exc
+        return self._listing
+
+    def tools(self) -> list[Tool]:
+        """The server's tools as chatkit tools (opens the session if needed). Listed once
+        and cached until the server says its list changed (``tools/list_changed``).
+        Raises ``ToolDefinitionError`` naming a tool whose input schema chatkit cannot
+        enforce (leave it out with ``exclude=``), ``ToolServerError`` when the server
+        cannot be reached."""
+        self.open()
+        return [self._tool(spec) for spec in self._list() if spec.name not in self.exclude]
+
+    async def atools(self) -> list[Tool]:
+        """:meth:`tools` for async code (the listing runs in a worker thread)."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self.tools)
+
+    def _tool(self, spec: Any) -> Tool:
+        remote = spec.name
+        reader = (SchemaReader(spec.output_schema)
+                  if isinstance(spec.output_schema, dict) else None)
+
+        async def call(**arguments: Any) -> str:
+            return await self.acall(remote, arguments, _reader=reader)
+
+        call.__name__ = remote
+        description = spec.description or spec.title or ""
+        made = Tool.from_schema(self.prefix + remote, dict(spec.input_schema or {}),
+                                description, function=call)
+        made.timeout = self.timeout
+        return made
+
+    async def acall(self, name: str, arguments: Mapping[str, Any], *,
+                    _reader: SchemaReader | None = None) -> str:
+        """Call the server's tool ``name`` (its own name, without ``prefix``) and return
+        what the model would see. Raises ``MCPToolError`` (an ``isError`` result, content
+        a text model cannot take, a structured result its ``outputSchema`` rejects), which
+        the agent loop turns into an error response, and ``ToolServerError``."""
+        import anyio.to_thread
+
+        future = self._session.submit(lambda client: client.call_tool(name, dict(arguments)))
+        try:
+            result = await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+        finally:
+            if not future.done():
+                future.cancel()  # a timeout or a cancelled loop: the request is dropped
+        return self._content(name, result, _reader)
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """:meth:`acall` for sync code (waits up to ``timeout``: ``TimeoutError``)."""
+        reader = None
+        for spec in self._list():
+            if spec.name == name and isinstance(spec.output_schema, dict):
+                reader = SchemaReader(spec.output_schema)
+        future = self._session.submit(lambda client: client.call_tool(name, dict(arguments)))
+        return self._content(name, _wait(future, self.timeout), reader)
+
+    def _content(self, name: str, result: Any, reader: SchemaReader | None) -> str:
+        texts: list[str] = []
+        refused: list[str] = []
+        for item in result.content or []:
+            kind = getattr(item, "type", "?")
+            if kind == "text":
+                texts.append(item.text)
+            elif kind == "resource_link":
+                texts.append(json.dumps({"resource_link": str(item.uri), "name": item.name}))
+            elif kind == "resource" and hasattr(item.resource, "text"):
+                texts.append(item.resource.text)
+            else:
+                refused.append("binary resource" if kind == "resource" else kind)
+        if result.is_error:
+            raise MCPToolError(name, "\n".join(texts) or "the tool reported an error")
+        if refused:
+            _log.warning("MCP tool %s returned %s content, which a text model cannot take",
+                         name, ", ".join(refused))
+            raise MCPToolError(name, f"returned {', '.join(refused)} content, which chatkit "
+                               "cannot give a text model")
+        structured = result.structured_content
+        if structured is not None:
+            if reader is not None:
+                try:
+                    reader.read(json.dumps(structured))
+                except SchemaViolation as exc:
+                    raise MCPToolError(name, "its structured result does not match its "
+                                       f"outputSchema: {'; '.join(exc.errors)}") from exc
+            return json.dumps(structured, ensure_ascii=False)
+        return "\n".join(texts)
+
+    def __repr__(self) -> str:
+        return f"MCPToolset({self.name!r}, {self._session.state()})"
+
+
+class _Session:
+    """The MCP client session of one toolset, on a thread of its own with its own event loop
+    (the MCP SDK's sessions are bound to the task that opened them): :meth:`submit` runs work
+    on it from any thread. ``on_tools_changed`` is called, on the session's loop, when the
+    server says its tool list changed."""
+
+    def __init__(self, target: Any, *, name: str, connect_timeout: float,
+                 stderr: TextIO | None, on_tools_changed: Callable[[], None]) -> None:
+        self.name = name
+        self.connect_timeout = connect_timeout
+        self._on_tools_changed = on_tools_changed
+        self._target = target
+        self._stderr = stderr
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._ended = threading.Event()
+        self._failure: BaseException | None = None
+        self._lock = threading.Lock()
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._up = threading.Event()
+        """The session came up (a close before that cancels the connecting task)."""
+
+    def state(self) -> str:
+        """``open``, ``ended`` or ``not open``."""
+        return ("open" if self._client is not None else
+                "ended" if self._ended.is_set() else "not open")
+
+    def open(self) -> None:
+        """Start the session (idempotent). Waits up to ``connect_timeout`` for the server;
+        raises ``ToolServerError`` when it cannot be started or reached."""
+        with self._lock:
+            starting = self._thread is None
+            if starting:
+                self._thread = threading.Thread(target=self._thread_main, daemon=True,
+                                                name=f"chatkit-mcp {self.name}")
+                self._thread.start()
+        if not starting:  # opened, or being opened by another thread: wait for it
+            self._ready.wait(self.connect_timeout)
+            if self._client is None:
+                raise self.gone("the session is not open" if not self._ended.is_set()
+                                else "the session has ended")
+            return
+        if not self._ready.wait(self.connect_timeout):
+            self.close()
+            raise ToolServerError(self.name, f"no session within {self.connect_timeout} s")
+        if self._client is None:
+            failure = self._failure
+            self.close()
+            raise ToolServerError(self.name, f"could not connect: {_describe(failure)}"
+                                  ) from failure
+        # runs at interpreter exit (the session's thread holds the session, and through
+        # on_tools_changed the toolset, while it lives)
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._stop,
+                                           self._thread, self._task, self._up)
+        _log.info("MCP server %s: connected", self.name)
+
+    def close(self) -> None:
+        """End the session and stop the server's process (idempotent; waits for it)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        _shutdown(self._loop, self._stop, self._thread, self._task, self._up)
 
     def _thread_main(self) -> None:
         try:
@@ -228,7 +372,7 @@ class MCPToolset:
             async with client.listen(tools_list_changed=True) as subscription:
                 async for _ in subscription:
                     _log.info("MCP server %s: its tool list changed", self.name)
-                    self._listing = None
+                    self._on_tools_changed()
         except ListenNotSupportedError:
             return
         except Exception as exc:  # the server declined: changes are then not seen
@@ -240,21 +384,20 @@ class MCPToolset:
         method = getattr(root, "method", None)
         if method == "notifications/tools/list_changed":
             _log.info("MCP server %s: its tool list changed", self.name)
-            self._listing = None
+            self._on_tools_changed()
 
-    # ------------------------------------------------------------------- calls
-    def _gone(self, what: str) -> ToolServerError:
+    def gone(self, what: str) -> ToolServerError:
         failure = self._failure
         detail = f": {_describe(failure)}" if failure is not None else ""
         return ToolServerError(self.name, f"{what}{detail}")
 
-    def _submit(self, work: Callable[[Any], Coroutine[Any, Any, T]]
+    def submit(self, work: Callable[[Any], Coroutine[Any, Any, T]]
                 ) -> concurrent.futures.Future[T]:
         """Run ``work(client)`` on the session's loop; ``ToolServerError`` when there is no
         live session (checked before the client is touched)."""
         loop, client = self._loop, self._client
         if client is None or loop is None or self._ended.is_set():
-            raise self._gone("the session is not open" if self._thread is None
+            raise self.gone("the session is not open" if self._thread is None
                              else "the session has ended")
         return asyncio.run_coroutine_threadsafe(self._guarded(work(client)), loop)
 
@@ -271,139 +414,30 @@ class MCPToolset:
             return await coro
         except MCPError as exc:
             if exc.code == -32000 or self._dead():
-                raise self._gone(f"the session is gone ({exc.error.message})") from exc
+                raise self.gone(f"the session is gone ({exc.error.message})") from exc
             raise
         except (OSError, EOFError) as exc:
-            raise self._gone(f"the session is gone ({type(exc).__name__}: {exc})") from exc
+            raise self.gone(f"the session is gone ({type(exc).__name__}: {exc})") from exc
         except RuntimeError as exc:
             if self._dead():
-                raise self._gone(f"the session is gone ({exc})") from exc
+                raise self.gone(f"the session is gone ({exc})") from exc
             raise
         except Exception as exc:
             import anyio
 
             if isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError
                           | anyio.EndOfStream):
-                raise self._gone("the session is gone") from exc
+                raise self.gone("the session is gone") from exc
             raise
 
-    def _wait(self, future: concurrent.futures.Future[T], timeout: float | None) -> T:
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"no answer within {timeout} s") from None
 
-    def _list(self) -> list[Any]:
-        if self._listing is None:
-            async def fetch(client: Any) -> list[Any]:
-                tools: list[Any] = []
-                cursor = None
-                while True:
-                    page = await client.list_tools(cursor=cursor, cache_mode="bypass")
-                    tools += page.tools
-                    cursor = page.next_cursor
-                    if not cursor:
-                        return tools
-
-            future = self._submit(lambda client: fetch(client))
-            try:
-                self._listing = self._wait(future, self.connect_timeout)
-            except TimeoutError as exc:
-                raise self._gone(f"tools/list got no answer within {self.connect_timeout} s"
-                                 ) from exc
-        return self._listing
-
-    def tools(self) -> list[Tool]:
-        """The server's tools as chatkit tools (opens the session if needed). Listed once
-        and cached until the server says its list changed (``tools/list_changed``).
-        Raises ``ToolDefinitionError`` naming a tool whose input schema chatkit cannot
-        enforce (leave it out with ``exclude=``), ``ToolServerError`` when the server
-        cannot be reached."""
-        self.open()
-        return [self._tool(spec) for spec in self._list() if spec.name not in self.exclude]
-
-    async def atools(self) -> list[Tool]:
-        """:meth:`tools` for async code (the listing runs in a worker thread)."""
-        import anyio.to_thread
-
-        return await anyio.to_thread.run_sync(self.tools)
-
-    def _tool(self, spec: Any) -> Tool:
-        remote = spec.name
-        reader = (SchemaReader(spec.output_schema)
-                  if isinstance(spec.output_schema, dict) else None)
-
-        async def call(**arguments: Any) -> str:
-            return await self.acall(remote, arguments, _reader=reader)
-
-        call.__name__ = remote
-        description = spec.description or spec.title or ""
-        made = Tool.from_schema(self.prefix + remote, dict(spec.input_schema or {}),
-                                description, function=call)
-        made.timeout = self.timeout
-        return made
-
-    async def acall(self, name: str, arguments: Mapping[str, Any], *,
-                    _reader: SchemaReader | None = None) -> str:
-        """Call the server's tool ``name`` (its own name, without ``prefix``) and return
-        what the model would see. Raises ``MCPToolError`` (an ``isError`` result, content
-        a text model cannot take, a structured result its ``outputSchema`` rejects), which
-        the agent loop turns into an error response, and ``ToolServerError``."""
-        import anyio.to_thread
-
-        future = self._submit(lambda client: client.call_tool(name, dict(arguments)))
-        try:
-            result = await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
-        finally:
-            if not future.done():
-                future.cancel()  # a timeout or a cancelled loop: the request is dropped
-        return self._content(name, result, _reader)
-
-    def call(self, name: str, arguments: Mapping[str, Any]) -> str:
-        """:meth:`acall` for sync code (waits up to ``timeout``: ``TimeoutError``)."""
-        reader = None
-        for spec in self._list():
-            if spec.name == name and isinstance(spec.output_schema, dict):
-                reader = SchemaReader(spec.output_schema)
-        future = self._submit(lambda client: client.call_tool(name, dict(arguments)))
-        return self._content(name, self._wait(future, self.timeout), reader)
-
-    def _content(self, name: str, result: Any, reader: SchemaReader | None) -> str:
-        texts: list[str] = []
-        refused: list[str] = []
-        for item in result.content or []:
-            kind = getattr(item, "type", "?")
-            if kind == "text":
-                texts.append(item.text)
-            elif kind == "resource_link":
-                texts.append(json.dumps({"resource_link": str(item.uri), "name": item.name}))
-            elif kind == "resource" and hasattr(item.resource, "text"):
-                texts.append(item.resource.text)
-            else:
-                refused.append("binary resource" if kind == "resource" else kind)
-        if result.is_error:
-            raise MCPToolError(name, "\n".join(texts) or "the tool reported an error")
-        if refused:
-            _log.warning("MCP tool %s returned %s content, which a text model cannot take",
-                         name, ", ".join(refused))
-            raise MCPToolError(name, f"returned {', '.join(refused)} content, which chatkit "
-                               "cannot give a text model")
-        structured = result.structured_content
-        if structured is not None:
-            if reader is not None:
-                try:
-                    reader.read(json.dumps(structured))
-                except SchemaViolation as exc:
-                    raise MCPToolError(name, "its structured result does not match its "
-                                       f"outputSchema: {'; '.join(exc.errors)}") from exc
-            return json.dumps(structured, ensure_ascii=False)
-        return "\n".join(texts)
-
-    def __repr__(self) -> str:
-        state = ("open" if self._client is not None else
-                 "ended" if self._ended.is_set() else "not open")
-        return f"MCPToolset({self.name!r}, {state})"
+def _wait(future: concurrent.futures.Future[T], timeout: float | None) -> T:
+    """``future``'s result; ``TimeoutError`` (the future cancelled) after ``timeout`` s."""
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"no answer within {timeout} s") from None
 
 
 class MCPToolError(Exception):

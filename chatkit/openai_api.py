@@ -16,22 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import (
-    AllTokensMasked,
     ChatkitError,
-    ConstraintError,
-    ContextOverflow,
-    DecodeError,
-    EngineBusy,
-    GrammarInvalid,
     InvalidParameter,
-    SchemaInvalid,
-    SchemaUnsupported,
-    SchemaViolation,
-    TemplateError,
-    ToolArgumentsInvalid,
     ToolDefinitionError,
-    ToolFormatUnsupported,
-    UserError,
 )
 from .messages import FinishReason, Message, Reply, messages_from_openai
 from .options import TOOL_CHOICES
@@ -114,42 +101,19 @@ def check_body(body: Any) -> None:
 
 def translate_error(exc: BaseException, *, schema_param: str = "response_format"
                     ) -> RequestError:
-    """A chatkit error as the HTTP error a client should see (never a 200)."""
+    """A chatkit error as the HTTP error a client should see (never a 200): the status and
+    OpenAI's fields are the error class's data (see :mod:`chatkit.errors`); ``schema_param``
+    names the endpoint's schema field. A timeout is 504, any other exception 500."""
     if isinstance(exc, RequestError):
         return exc
     name = type(exc).__name__
-    if isinstance(exc, SchemaUnsupported):
-        return RequestError(400, str(exc),
-                            param=schema_param, code="schema_unsupported")
-    if isinstance(exc, SchemaInvalid):
-        return RequestError(400, str(exc), param=schema_param, code="schema_invalid")
-    if isinstance(exc, GrammarInvalid):
-        return RequestError(400, str(exc), param=schema_param, code="grammar_invalid")
-    if isinstance(exc, ToolDefinitionError):
-        return RequestError(400, str(exc), param="tools", code="tool_definition_invalid")
-    if isinstance(exc, ToolFormatUnsupported):
-        return RequestError(400, str(exc), param="tools", code="tool_format_unsupported")
-    if isinstance(exc, ContextOverflow):
-        return RequestError(400, str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, TemplateError):
-        return RequestError(400, f"the chat template refused the messages: {exc}",
-                            param="messages", code="template_error")
-    if isinstance(exc, InvalidParameter):
-        return RequestError(400, str(exc), param=exc.name, code="invalid_value")
-    if isinstance(exc, UserError):
-        return RequestError(400, str(exc), code=name)
-    if isinstance(exc, EngineBusy):
-        return RequestError(429, str(exc), type="rate_limit_error", code="engine_busy",
-                            headers={"Retry-After": "1"})
-    if isinstance(exc, SchemaViolation | ToolArgumentsInvalid | ConstraintError
-                  | AllTokensMasked):
-        return RequestError(500, f"{name}: {exc}", type="server_error", code=name)
-    if isinstance(exc, DecodeError):
-        return RequestError(503, f"{name}: {exc}", type="server_error", code=name)
+    if isinstance(exc, ChatkitError):
+        status = exc.http_status
+        message = f"{name}: {exc}" if status >= 500 else f"{exc.message_prefix}{exc}"
+        return RequestError(status, message, type=exc.error_type, code=exc.api_code(),
+                            param=exc.api_param(schema_param), headers=exc.http_headers)
     if isinstance(exc, TimeoutError):
         return RequestError(504, "the request timed out", type="server_error", code="timeout")
-    if isinstance(exc, ChatkitError):
-        return RequestError(500, f"{name}: {exc}", type="server_error", code=name)
     return RequestError(500, f"internal error ({name})", type="server_error",
                         code="internal_error")
 

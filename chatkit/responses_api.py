@@ -141,13 +141,7 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                 continue
             messages.append(message)
         elif kind == "function_call":
-            name, call_id = item.get("name"), item.get("call_id")
-            arguments = item.get("arguments", "{}")
-            if not all(isinstance(v, str) for v in (name, call_id, arguments)):
-                raise bad(f"{where}: a function_call needs name, call_id and arguments "
-                          "(strings)", "input")
-            call = {"id": call_id, "type": "function",
-                    "function": {"name": name, "arguments": arguments}}
+            call = _function_call(item, where)
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
                 last["tool_calls"].append(call)
@@ -165,17 +159,33 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                     json.dumps(output)
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
-            parts = item.get("summary") or item.get("content") or []
-            if not isinstance(parts, list) or not all(
-                    isinstance(p, Mapping) and isinstance(p.get("text", ""), str)
-                    for p in parts):
-                raise bad(f"{where}: a reasoning item's summary is an array of "
-                          "{type, text} parts", "input")
-            reasoning = "".join(p.get("text", "") for p in parts)
+            reasoning = _reasoning(item, where)
         else:
             raise bad(f"{where}: {kind!r} items are not supported (messages, function_call, "
                       "function_call_output and reasoning are)", "input", "unsupported_item")
     return messages
+
+
+def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A ``function_call`` input item as a chat tool call (400 when malformed)."""
+    name, call_id = item.get("name"), item.get("call_id")
+    arguments = item.get("arguments", "{}")
+    if not all(isinstance(v, str) for v in (name, call_id, arguments)):
+        raise bad(f"{where}: a function_call needs name, call_id and arguments "
+                  "(strings)", "input")
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _reasoning(item: Mapping[str, Any], where: str) -> str:
+    """A ``reasoning`` input item's text: its summary (or content) parts, joined."""
+    parts = item.get("summary") or item.get("content") or []
+    if not isinstance(parts, list) or not all(
+            isinstance(p, Mapping) and isinstance(p.get("text", ""), str)
+            for p in parts):
+        raise bad(f"{where}: a reasoning item's summary is an array of "
+                  "{type, text} parts", "input")
+    return "".join(p.get("text", "") for p in parts)
 
 
 def _text_format(text: Any) -> dict[str, Any] | None:

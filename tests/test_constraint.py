@@ -225,18 +225,18 @@ def test_bound_ref_schemas_check_their_first_mask_not_a_byte_level_copy(
     """Bound to a model, a $ref schema is checked for an empty language on the model's own
     matcher (its first mask, kept for the first step), not by compiling it again over a byte
     tokenizer; a cycle without a base case is still refused by name."""
-    from chatkit import SchemaInvalid, schema
+    from chatkit import SchemaInvalid, schema, schema_check
 
     def no_byte_level_check(grammar: str) -> str | None:
         raise AssertionError("the bound path compiled the grammar over the byte tokenizer")
 
     monkeypatch.setattr(schema, "grammar_problem", no_byte_level_check)
-    schema._checked_keys.clear()
+    schema_check._checked_keys.clear()
     with pytest.raises(SchemaInvalid, match="admits no text") as info:
         Constraint.json_schema(CYCLE, model=smol)
     assert info.value.path == ""
     c = Constraint.json_schema(TREE, model=smol)
-    assert c._has_prepared and c._pending is None  # the first step reuses the checked mask
+    assert c._next.ready and c._next.pending is None  # the first step reuses the checked mask
     text = '{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]}'
     row = np.zeros(smol.n_vocab, dtype=np.float32)
     c.process(row, [])
