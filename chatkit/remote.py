@@ -37,23 +37,24 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 import httpx
-import numpy as np
-from numpy.typing import NDArray
 
 from .engine import GenerateRequest, GenerateResult, Vocabulary
 from .errors import InvalidParameter, RemoteError, RemoteUnsupported
 from .messages import messages_to_openai
 from .schema import closed_objects, subschemas
+from .vocab_holder import HoldsVocabulary
 
 __all__ = ["RemoteEngine"]
 
 _log = logging.getLogger("chatkit")
+
+V = TypeVar("V")
 
 Kind = Literal["vllm", "chatkit", "sglang", "llama-server", "openai", "llama-cpp-python"]
 
@@ -162,7 +163,7 @@ MAX_RETRY_WAIT = 30.0
 """Seconds a retry waits at most, whatever ``Retry-After`` says."""
 
 
-class RemoteEngine:
+class RemoteEngine(HoldsVocabulary):
     """A served model as a chatkit engine (``Vocabulary`` + ``GenerateEngine``).
 
     ``vocab`` is the same model's vocabulary (``Model.load_vocab(gguf)``, or a loaded
@@ -190,7 +191,7 @@ class RemoteEngine:
         self.capabilities = CAPABILITIES[kind]
         self._probed: Capabilities | None = None
         self.model = model
-        self.vocab = vocab
+        self._hold(vocab)
         self.retries = retries
         self.backoff = backoff
         self.n_ctx_seq = n_ctx
@@ -202,14 +203,6 @@ class RemoteEngine:
         self._client = httpx.Client(headers=headers, limits=limits, timeout=self._timeout)
         self._aclient = async_client
         self._headers, self._limits = headers, limits
-        # Vocabulary: the same facts as the local model's.
-        self.n_vocab = vocab.n_vocab
-        self.bos_id, self.eos_id, self.eot_id = vocab.bos_id, vocab.eos_id, vocab.eot_id
-        self.add_bos = vocab.add_bos
-        self.chat_template = vocab.chat_template
-        # StepEngine facts the conversation layer reads (no local decoding happens).
-        self.n_seq_max = 0
-        self.seq_wait = 0.0
 
     def __repr__(self) -> str:
         return f"RemoteEngine({self.kind}, {self.base_url!r}, model={self.model!r})"
@@ -221,33 +214,9 @@ class RemoteEngine:
     def close(self) -> None:
         self._client.close()
 
-    # ------------------------------------------------------------ Vocabulary
-    def tokenize(self, text: str, *, special: bool, add_bos: bool = False) -> list[int]:
-        return self.vocab.tokenize(text, special=special, add_bos=add_bos)
-
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return self.vocab.detokenize(ids)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.vocab.token_bytes(token)
-
-    def is_control(self, token: int) -> bool:
-        return self.vocab.is_control(token)
-
-    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
-        return self.vocab.llg_tokenizer(stop_token, sliced=sliced)
-
-    def special_texts(self) -> tuple[str, ...]:
-        return self.vocab.special_texts()
-
-    def grammar_token_words(self) -> NDArray[np.int32]:
-        return self.vocab.grammar_token_words()
-
-    def cache(self, key: Any, build: Any) -> Any:
+    def cache(self, key: Any, build: Callable[[], V]) -> V:
+        """Memoise ``build()`` for this engine's lifetime, in its vocabulary's cache."""
         return self.vocab.cache(("remote", key), build)
-
-    def release_seq_owner(self, owner: int) -> None:
-        """No KV sequences here (the server keeps its own prefix cache)."""
 
     # -------------------------------------------------------------- requests
     def _llama_server_capabilities(self) -> Capabilities:
