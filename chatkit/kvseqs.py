@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from .errors import InvalidParameter
+from .errors import EngineBusy
 
 __all__: list[str] = []
 
@@ -31,11 +31,11 @@ class SeqLeases:
         ``preferred`` still holds this owner's tokens. Otherwise an unowned sequence, else
         the least recently used idle one, is cleared and handed over. When every sequence
         is busy, waits up to ``wait`` seconds (0: not at all) for a release, then raises
-        ``InvalidParameter``."""
+        ``EngineBusy``."""
         with self._free:
             if not self._free.wait_for(lambda: False in self._busy, timeout=wait):
-                raise InvalidParameter("n_seq_max", f"all {self.n} KV sequences stayed "
-                                       f"busy for {wait:g} s")
+                raise EngineBusy(f"all {self.n} KV sequences stayed busy for {wait:g} s "
+                                 f"(n_seq_max={self.n})")
             self._clock += 1
             if (preferred is not None and 0 <= preferred < self.n
                     and self._owner[preferred] == owner and not self._busy[preferred]):

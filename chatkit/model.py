@@ -208,7 +208,7 @@ class Model(HoldsVocabulary):
         and the reading of its logits rows)."""
         self.stats = _Stats()
         self.seq_wait = 60.0
-        """Seconds a turn waits for a free KV sequence before ``InvalidParameter``."""
+        """Seconds a turn waits for a free KV sequence before ``EngineBusy``."""
         self._leases = SeqLeases(n_seq_max, self.lock, self.seq_rm)
 
     # ------------------------------------------------------------------ loading
@@ -396,7 +396,7 @@ class Model(HoldsVocabulary):
         the least recently used idle one, is cleared and handed over. When every
         sequence is busy, waits up to ``wait`` seconds (default ``seq_wait``) for one
         to be released (other threads' turns keep running meanwhile), then raises
-        ``InvalidParameter``; ``wait=0`` does not wait.
+        ``EngineBusy``; ``wait=0`` does not wait.
         """
         return self._leases.acquire(owner, preferred, self.seq_wait if wait is None else wait)
 
