@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
 import llama_cpp
 
-__all__ = ["BuildInfo", "Device"]
+from .errors import InvalidParameter
+
+__all__ = ["BuildInfo", "Device", "Placement"]
 
 _log = logging.getLogger("chatkit")
 
@@ -141,3 +144,107 @@ def read_build_info() -> BuildInfo:
     return BuildInfo(features=parse_system_info(text), devices=_devices(),
                      gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
                      max_devices=int(llama_cpp.llama_max_devices()))
+
+
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
+"""``split_mode`` names (llama.h's ``llama_split_mode``): ``none`` one GPU (``main_gpu``),
+``layer`` layers and KV spread over the GPUs, ``row`` rows too (tensor parallelism where
+the backend has it), ``tensor`` llama.cpp's tensor-parallel split."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's layers run and which llama.cpp options chose it (``Model.placement``).
+
+    ``n_gpu_layers`` is what llama.cpp was given (-1: every layer); ``on_gpu`` whether any
+    layer is offloaded; ``extra_buffer_types`` whether llama.cpp may repack weights into its
+    extra CPU buffer types (AMX, repacked Q4_0/Q4_K/IQ4_NL); ``reason`` says why, in words,
+    as it was logged at load."""
+
+    n_gpu_layers: int
+    on_gpu: bool
+    main_gpu: int
+    split_mode: str
+    flash_attn: bool | None
+    offload_kqv: bool
+    extra_buffer_types: bool
+    reason: str
+
+
+def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
+                   split_mode: str, tensor_split: Sequence[float] | None,
+                   flash_attn: bool | None, offload_kqv: bool,
+                   extra_buffer_types: bool | None) -> Placement:
+    """Check the placement options against the build (``InvalidParameter`` naming the
+    first bad one) and decide what llama.cpp is given. Pure: no llama.cpp call."""
+    _check_options(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode,
+                   flash_attn=flash_attn, offload_kqv=offload_kqv,
+                   extra_buffer_types=extra_buffer_types)
+    if tensor_split is not None:
+        _check_tensor_split(tensor_split, info.max_devices)
+    gpus = len(info.gpus)
+    if info.gpu_offload and gpus and main_gpu >= gpus:
+        raise InvalidParameter("main_gpu", f"this build sees {gpus} GPU(s) (0 to {gpus - 1}), "
+                               f"got {main_gpu}")
+    if n_gpu_layers is None:
+        layers = -1 if info.gpu_offload else 0
+    else:
+        layers = n_gpu_layers if info.gpu_offload else 0
+    if not info.gpu_offload:
+        where = ("on the CPU: this llama.cpp build has no GPU backend"
+                 + (f" (n_gpu_layers={n_gpu_layers} has no effect)" if n_gpu_layers else ""))
+    elif layers == 0:
+        where = "on the CPU (n_gpu_layers=0)"
+    else:
+        names = ", ".join(d.name for d in info.gpus) or "the offload backend"
+        count = "every layer" if layers < 0 else f"{layers} layer(s)"
+        where = f"{count} offloaded to {names} (split_mode={split_mode}, main_gpu={main_gpu})"
+    if extra_buffer_types is None:
+        extra = not info.amx_kernels
+        if not extra:
+            where += ("; llama.cpp's extra buffer types off: this build carries its AMX "
+                      "kernels, which crash with SIGILL (llama.cpp PR #26954)")
+    else:
+        extra = extra_buffer_types
+    return Placement(n_gpu_layers=layers, on_gpu=layers != 0, main_gpu=main_gpu,
+                     split_mode=split_mode, flash_attn=flash_attn, offload_kqv=offload_kqv,
+                     extra_buffer_types=extra, reason=where)
+
+
+def _check_options(*, n_gpu_layers: int | None, main_gpu: int, split_mode: str,
+                   flash_attn: bool | None, offload_kqv: bool,
+                   extra_buffer_types: bool | None) -> None:
+    """``InvalidParameter`` naming the first option of the wrong type or range."""
+    if n_gpu_layers is not None and (isinstance(n_gpu_layers, bool)
+                                     or not isinstance(n_gpu_layers, int)
+                                     or n_gpu_layers < -1):
+        raise InvalidParameter("n_gpu_layers", "must be None (every layer where the build "
+                               f"can offload), -1 (every layer) or >= 0, got {n_gpu_layers!r}")
+    if isinstance(main_gpu, bool) or not isinstance(main_gpu, int) or main_gpu < 0:
+        raise InvalidParameter("main_gpu", f"must be an integer >= 0, got {main_gpu!r}")
+    if split_mode not in SPLIT_MODES:
+        raise InvalidParameter("split_mode", f"must be one of {sorted(SPLIT_MODES)}, got "
+                               f"{split_mode!r}")
+    for name, flag in (("flash_attn", flash_attn), ("extra_buffer_types", extra_buffer_types)):
+        if flag is not None and not isinstance(flag, bool):
+            raise InvalidParameter(name, f"must be True, False or None (auto), got {flag!r}")
+    if not isinstance(offload_kqv, bool):
+        raise InvalidParameter("offload_kqv", f"must be True or False, got {offload_kqv!r}")
+
+
+def _check_tensor_split(tensor_split: Sequence[float], max_devices: int) -> None:
+    """``InvalidParameter`` unless 1 to ``max_devices`` finite proportions >= 0, one > 0."""
+    if isinstance(tensor_split, str | bytes) or not isinstance(tensor_split, Sequence):
+        raise InvalidParameter("tensor_split", "must be a sequence of proportions, got "
+                               f"{tensor_split!r}")
+    values = list(tensor_split)
+    if not 1 <= len(values) <= max_devices:
+        raise InvalidParameter("tensor_split", f"takes 1 to {max_devices} "
+                               f"proportions (llama_max_devices), got {len(values)}")
+    for v in values:
+        if (isinstance(v, bool) or not isinstance(v, int | float)
+                or not (0.0 <= float(v) < float("inf"))):
+            raise InvalidParameter("tensor_split", "each proportion must be a finite "
+                                   f"number >= 0, got {v!r}")
+    if sum(float(v) for v in values) <= 0.0:
+        raise InvalidParameter("tensor_split", "needs a proportion above 0")

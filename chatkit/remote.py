@@ -37,132 +37,32 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Literal, TypeVar
 
 import anyio
 import httpx
-import numpy as np
-from numpy.typing import NDArray
 
 from .engine import GenerateRequest, GenerateResult, Vocabulary
 from .errors import InvalidParameter, RemoteError, RemoteUnsupported
-from .messages import messages_to_openai
-from .schema import closed_objects, subschemas
+from .remote_dialects import DIALECTS, Capabilities, LlamaServer, finish_result, refusal
+from .remote_dialects import LLAMA_SERVER_GBNF as LLAMA_SERVER_GBNF
+from .vocab_holder import HoldsVocabulary
 
 __all__ = ["RemoteEngine"]
 
 _log = logging.getLogger("chatkit")
 
+V = TypeVar("V")
+
 Kind = Literal["vllm", "chatkit", "sglang", "llama-server", "openai", "llama-cpp-python"]
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a kind of server can be asked to enforce."""
-
-    token_prompts: bool
-    """Takes token-id prompts (chatkit renders the template); else chat messages."""
-    grammar: bool
-    """Takes llguidance Lark: tools, thinking + schema, regex, Lark and JSON schemas."""
-    json_schema: bool
-    """Takes a JSON schema."""
-    schema_ignores: frozenset[str] = frozenset()
-    """JSON Schema keywords the server accepts but does not enforce (or rejects): a schema
-    using one is refused before the request, where the server has no grammar."""
-    every_property_required: bool = False
-    """The server's schema mode needs every property required (OpenAI's strict mode)."""
-    string_formats: frozenset[str] | None = None
-    """The ``format`` values it enforces (None: every one chatkit accepts)."""
-    integer_bounds_only: bool = False
-    """``minimum``/``maximum`` are enforced on integers only (llama.cpp's own converter)."""
-    lengths_with_pattern: bool = True
-    """``minLength``/``maxLength`` are enforced beside a ``pattern`` (GBNF converters drop
-    them there)."""
-
-
-# llama-cpp-python 0.3.36's JSON-schema-to-GBNF converter (llama_cpp/llama_grammar.py,
-# SchemaConverter.visit) reads type, properties, required, additionalProperties, items,
-# prefixItems, minItems, maxItems, enum, const, anyOf / oneOf (as anyOf), $ref, pattern,
-# minLength / maxLength (only without a pattern) and the formats below; everything else
-# is accepted and silently dropped.
-_GBNF_IGNORES = frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minProperties", "maxProperties", "patternProperties", "propertyNames",
-    "dependentRequired", "dependentSchemas", "dependencies", "uniqueItems", "contains",
-    "minContains", "maxContains", "allOf", "not", "if", "then", "else",
-    "unevaluatedProperties", "unevaluatedItems"})
-# OpenAI's structured outputs (strict): "Supported schemas" lists what it takes; these it
-# rejects, and every property must be required.
-_STRICT_REJECTS = frozenset({
-    "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-    "dependencies", "patternProperties", "unevaluatedProperties", "unevaluatedItems",
-    "propertyNames", "minProperties", "maxProperties", "uniqueItems", "contains",
-    "minContains", "maxContains"})
-
-# llama-server built without llguidance (llama.cpp's default; b11434's common/json-schema.cpp)
-# reads type, properties, required, additionalProperties, items, prefixItems, min/maxItems,
-# enum, const, anyOf / oneOf (as anyOf), allOf, $ref, pattern, min/maxLength, the formats
-# below, and minimum / maximum (exclusive too) on integers; it drops the rest.
-_LLAMA_GBNF_IGNORES = frozenset({
-    "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames",
-    "dependentRequired", "dependentSchemas", "dependencies", "uniqueItems", "contains",
-    "minContains", "maxContains", "not", "if", "then", "else", "unevaluatedProperties",
-    "unevaluatedItems"})
-_DATE_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
-LLAMA_SERVER_GBNF = Capabilities(True, False, True, _LLAMA_GBNF_IGNORES,
-                                 string_formats=_DATE_FORMATS, integer_bounds_only=True,
-                                 lengths_with_pattern=False)
-"""A llama-server without llguidance: JSON schemas through its own converter only."""
-
-CAPABILITIES: dict[str, Capabilities] = {
-    "vllm": Capabilities(True, True, True),
-    "chatkit": Capabilities(True, True, True),
-    "sglang": Capabilities(True, True, True),
-    "llama-server": Capabilities(True, True, True),
-    "openai": Capabilities(False, False, True, _STRICT_REJECTS, every_property_required=True),
-    "llama-cpp-python": Capabilities(False, False, True, _GBNF_IGNORES,
-                                     string_formats=frozenset({"date", "time", "date-time",
-                                                               "uuid", "uuid1", "uuid2",
-                                                               "uuid3", "uuid4", "uuid5"}),
-                                     lengths_with_pattern=False),
-}
-
-def schema_refusal(caps: Capabilities, schema: Any) -> str | None:
-    """What in ``schema`` a server of these capabilities would not enforce (None: all of
-    it), as words for ``RemoteUnsupported``."""
-    for path, node in subschemas(schema):
-        where = path or "/"
-        ignored = sorted(caps.schema_ignores & node.keys())
-        if ignored:
-            return f"the JSON Schema keyword {ignored[0]!r} at {where}"
-        bounds = sorted({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
-                        & node.keys())
-        if caps.integer_bounds_only and bounds and node.get("type") != "integer":
-            return f"the JSON Schema keyword {bounds[0]!r} at {where} (integers only)"
-        if ("pattern" in node and not caps.lengths_with_pattern
-                and {"minLength", "maxLength"} & node.keys()):
-            return f"minLength/maxLength beside a pattern at {where}"
-        fmt = node.get("format")
-        if caps.string_formats is not None and fmt is not None \
-                and fmt not in caps.string_formats:
-            return f"the string format {fmt!r} at {where}"
-        props = node.get("properties")
-        if caps.every_property_required and isinstance(props, dict):
-            required = node.get("required", [])
-            optional = [name for name in props if name not in required]
-            if optional:
-                return (f"the optional property {optional[0]!r} at {where} (strict mode "
-                        "needs every property required)")
-    return None
 
 RETRY_STATUS = frozenset({429, 503})
 MAX_RETRY_WAIT = 30.0
 """Seconds a retry waits at most, whatever ``Retry-After`` says."""
 
 
-class RemoteEngine:
+class RemoteEngine(HoldsVocabulary):
     """A served model as a chatkit engine (``Vocabulary`` + ``GenerateEngine``).
 
     ``vocab`` is the same model's vocabulary (``Model.load_vocab(gguf)``, or a loaded
@@ -181,16 +81,15 @@ class RemoteEngine:
                  api_key: str | None = None, n_ctx: int = 4096, timeout: float = 300.0,
                  retries: int = 3, backoff: float = 0.5, max_connections: int = 64,
                  async_client: httpx.AsyncClient | None = None) -> None:
-        if kind not in CAPABILITIES:
-            raise InvalidParameter("kind", f"one of {', '.join(CAPABILITIES)}, not {kind!r}")
+        if kind not in DIALECTS:
+            raise InvalidParameter("kind", f"one of {', '.join(DIALECTS)}, not {kind!r}")
         if n_ctx < 2:
             raise InvalidParameter("n_ctx", f"must be >= 2, got {n_ctx}")
         self.base_url = base_url.rstrip("/")
         self.kind = kind
-        self.capabilities = CAPABILITIES[kind]
-        self._probed: Capabilities | None = None
+        self.dialect = DIALECTS[kind](kind)
         self.model = model
-        self.vocab = vocab
+        self._hold(vocab)
         self.retries = retries
         self.backoff = backoff
         self.n_ctx_seq = n_ctx
@@ -201,15 +100,7 @@ class RemoteEngine:
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
         self._client = httpx.Client(headers=headers, limits=limits, timeout=self._timeout)
         self._aclient = async_client
-        self._headers, self._limits = headers, limits
-        # Vocabulary: the same facts as the local model's.
-        self.n_vocab = vocab.n_vocab
-        self.bos_id, self.eos_id, self.eot_id = vocab.bos_id, vocab.eos_id, vocab.eot_id
-        self.add_bos = vocab.add_bos
-        self.chat_template = vocab.chat_template
-        # StepEngine facts the conversation layer reads (no local decoding happens).
-        self.n_seq_max = 0
-        self.seq_wait = 0.0
+        self._headers = headers
 
     def __repr__(self) -> str:
         return f"RemoteEngine({self.kind}, {self.base_url!r}, model={self.model!r})"
@@ -218,254 +109,92 @@ class RemoteEngine:
     def name(self) -> str:
         return f"{self.model}@{self.base_url}"
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the server enforces (a llama-server's, once asked)."""
+        return self.dialect.capabilities
+
     def close(self) -> None:
         self._client.close()
 
-    # ------------------------------------------------------------ Vocabulary
-    def tokenize(self, text: str, *, special: bool, add_bos: bool = False) -> list[int]:
-        return self.vocab.tokenize(text, special=special, add_bos=add_bos)
-
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return self.vocab.detokenize(ids)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.vocab.token_bytes(token)
-
-    def is_control(self, token: int) -> bool:
-        return self.vocab.is_control(token)
-
-    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
-        return self.vocab.llg_tokenizer(stop_token, sliced=sliced)
-
-    def special_texts(self) -> tuple[str, ...]:
-        return self.vocab.special_texts()
-
-    def grammar_token_words(self) -> NDArray[np.int32]:
-        return self.vocab.grammar_token_words()
-
-    def cache(self, key: Any, build: Any) -> Any:
+    def cache(self, key: Any, build: Callable[[], V]) -> V:
+        """Memoise ``build()`` for this engine's lifetime, in its vocabulary's cache."""
         return self.vocab.cache(("remote", key), build)
 
-    def release_seq_owner(self, owner: int) -> None:
-        """No KV sequences here (the server keeps its own prefix cache)."""
-
     # -------------------------------------------------------------- requests
-    def _llama_server_capabilities(self) -> Capabilities:
-        """What this llama-server enforces, asked once: a one-token request with an
-        llguidance grammar answers whether it was built with llguidance (not in
-        ``/props``); without, JSON schemas go through llama.cpp's own converter."""
-        if self._probed is None:
-            url = self.base_url + "/completion"
-            body = {"prompt": self.tokenize("a", special=False), "n_predict": 1,
-                    "cache_prompt": False,
-                    "grammar": '%llguidance {}\nstart: "a"'}
-            with _http_errors(url):
-                response = self._client.post(url, json=body)
-            llguidance = response.status_code == 200
-            if not llguidance and "llguidance" not in response.text:
-                self._json(url, response)  # another failure: RemoteError with its words
-            self._probed = CAPABILITIES["llama-server"] if llguidance else LLAMA_SERVER_GBNF
-            # without llguidance its tokens follow GBNF, not chatkit's mask: text replay
-            self.returns_token_ids = llguidance
-            _log.info("llama-server at %s %s llguidance", self.base_url,
-                      "has" if llguidance else "has no")
-        return self._probed
+    def _probe(self, dialect: LlamaServer) -> None:
+        """Ask a llama-server once whether it was built with llguidance; without, JSON
+        schemas go through llama.cpp's own converter and its text is replayed."""
+        url = self.base_url + dialect.path
+        body = dialect.probe_body(self.tokenize("a", special=False))
+        with _http_errors(url):
+            response = self._client.post(url, json=body)
+        llguidance = response.status_code == 200
+        if not llguidance and "llguidance" not in response.text:
+            self._json(url, response)  # another failure: RemoteError with its words
+        dialect.probed(llguidance)
+        # without llguidance its tokens follow GBNF, not chatkit's mask: text replay
+        self.returns_token_ids = llguidance
+        _log.info("llama-server at %s %s llguidance", self.base_url,
+                  "has" if llguidance else "has no")
 
     def check(self, request: GenerateRequest) -> None:
         """Refuse, before any request, what this kind cannot enforce."""
-        if self.kind == "llama-server" and request.grammar_kind is not None:
-            self.capabilities = self._llama_server_capabilities()
-        caps, what = self.capabilities, request.grammar_kind
-        if what is None or caps.grammar:
-            return
-        if what == "json_schema" and caps.json_schema:
-            refused = schema_refusal(caps, request.schema)
-            if refused is None:
-                return
+        if (request.grammar_kind is not None and isinstance(self.dialect, LlamaServer)
+                and self.dialect.needs_probe):
+            self._probe(self.dialect)
+        refused = refusal(self.capabilities, request)
+        if refused is not None:
             raise RemoteUnsupported(self.kind, refused)
-        names = {"tools": "tool calls (the Hermes tool grammar)",
-                 "think+schema": "thinking + schema (one two-phase grammar)",
-                 "regex": "a regex", "lark": "a Lark grammar",
-                 "json_schema": "a JSON schema"}
-        raise RemoteUnsupported(self.kind, names.get(what, what))
 
-    def _body(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
-        sampling: dict[str, Any] = {"temperature": request.temperature,
-                                    "top_p": request.top_p}
-        if request.seed is not None:
-            sampling["seed"] = request.seed
-        grammar = request.grammar
-        if self.kind in ("vllm", "chatkit"):
-            body = {"model": self.model, "prompt": list(request.prompt),
-                    "max_tokens": request.max_tokens, "return_token_ids": True,
-                    "stop_token_ids": sorted(request.stop_ids), "skip_special_tokens": False,
-                    **sampling}
-            if grammar is not None:
-                body["structured_outputs"] = {"grammar": grammar}
-            return "/v1/completions", body
-        if self.kind == "sglang":
-            body = {"input_ids": list(request.prompt), "sampling_params": {
-                "max_new_tokens": request.max_tokens, "stop_token_ids": sorted(request.stop_ids),
-                "skip_special_tokens": False, **sampling}}
-            if grammar is not None:
-                body["sampling_params"]["ebnf"] = "%llguidance {}\n" + grammar
-            return "/generate", body
-        if self.kind == "llama-server":
-            body = {"prompt": list(request.prompt), "n_predict": request.max_tokens,
-                    "return_tokens": True, "cache_prompt": True, **sampling}
-            if grammar is not None and self.capabilities.grammar:
-                body["grammar"] = "%llguidance {}\n" + grammar
-            elif grammar is not None:  # its own converter (check() let only a schema by)
-                body["json_schema"] = (closed_objects(request.schema)
-                                       if isinstance(request.schema, dict) else request.schema)
-            return "/completion", body
-        # openai / llama-cpp-python: the server renders its own template from the messages
-        body = {"model": self.model, "max_tokens": request.max_tokens,
-                "messages": messages_to_openai(request.messages), **sampling}
-        if request.schema is not None:
-            # closed as chatkit's own grammar closes it (schema.close_objects)
-            sent = (closed_objects(request.schema) if isinstance(request.schema, dict)
-                    else request.schema)
-            body["response_format"] = (
-                {"type": "json_schema", "json_schema": {"name": "answer", "strict": True,
-                                                        "schema": sent}}
-                if self.kind == "openai" else {"type": "json_object", "schema": sent})
-        return "/v1/chat/completions", body
+    def _prepared(self, request: GenerateRequest, *, stream: bool
+                  ) -> tuple[str, dict[str, Any]]:
+        """The checked request's URL and body."""
+        self.check(request)
+        body = self.dialect.body(request, self.model)
+        if stream:
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        return self.base_url + self.dialect.path, body
 
     def _result(self, url: str, data: Any, request: GenerateRequest) -> GenerateResult:
         """The server's body as tokens (or text) and a finish, or ``RemoteError``."""
         try:
-            if self.kind in ("vllm", "chatkit"):
-                choice = data["choices"][0]
-                tokens = [int(t) for t in choice["token_ids"]]
-                usage = data.get("usage") or {}
-                cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                          or 0)
-                return self.finish_result(tokens, choice.get("finish_reason"), request,
-                                    int(usage.get("prompt_tokens", len(request.prompt))),
-                                    int(cached))
-            if self.kind == "sglang":
-                meta = data.get("meta_info", {})
-                tokens = [int(t) for t in data["output_ids"]]
-                reason = (meta.get("finish_reason") or {}).get("type")
-                return self.finish_result(tokens, "length" if reason == "length" else "stop",
-                                    request, int(meta.get("prompt_tokens", 0)),
-                                    int(meta.get("cached_tokens", 0)))
-            if self.kind == "llama-server":
-                reason = "length" if data.get("stop_type") == "limit" else "stop"
-                if self.capabilities is LLAMA_SERVER_GBNF and request.grammar is not None:
-                    # GBNF picks tokens llguidance's mask would not (a non-canonical split of
-                    # forced bytes): the text is replayed, and the second reader checks it
-                    text = data["content"]
-                    return GenerateResult(
-                        tokens=self.tokenize(text, special=False),
-                        finish="length" if reason == "length" else "stop_token",
-                        prompt_tokens=int(data.get("tokens_evaluated", len(request.prompt))),
-                        cached_prompt_tokens=int(data.get("tokens_cached", 0)), text=text)
-                tokens = [int(t) for t in data["tokens"]]
-                return self.finish_result(tokens, reason, request,
-                                    int(data.get("tokens_evaluated", len(request.prompt))),
-                                    int(data.get("tokens_cached", 0)))
-            choice = data["choices"][0]
-            text = choice["message"]["content"] or ""
-            reason = choice.get("finish_reason")
-            if reason not in ("stop", "length"):
-                raise RemoteError(url, f"finish_reason {reason!r}: the reply cannot be "
-                                  "trusted as complete")
-            finish: Literal["stop_token", "length"] = (
-                "length" if reason == "length" else "stop_token")
-            usage = data.get("usage") or {}
-            return GenerateResult(tokens=self.tokenize(text, special=False), finish=finish,
-                                  prompt_tokens=int(usage.get("prompt_tokens", 0)), text=text)
+            return self.dialect.result(data, request, self.base_url,
+                                       lambda text: self.tokenize(text, special=False))
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise RemoteError(url, f"the response is not {self.kind}'s API shape ({exc!r}): "
                               f"{json.dumps(data)[:300]}") from None
 
-    def finish_result(self, tokens: list[int], reason: Any, request: GenerateRequest,
-                      prompt_tokens: int, cached: int) -> GenerateResult:
-        """The tokens without a trailing stop token, and why the engine stopped."""
-        if reason not in ("stop", "length"):
-            raise RemoteError(self.base_url, f"finish_reason {reason!r} (neither a stop nor "
-                              "the length limit): the reply cannot be trusted as complete")
-        if tokens and tokens[-1] in request.stop_ids:
-            tokens = tokens[:-1]
-            finish: Literal["stop_token", "length"] = "stop_token"
-        else:
-            finish = "length" if reason == "length" or len(tokens) >= request.max_tokens \
-                else "stop_token"
-        return GenerateResult(tokens=tokens, finish=finish, prompt_tokens=prompt_tokens,
-                              cached_prompt_tokens=cached)
-
-    # ----------------------------------------------------------- GenerateEngine
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        """One completion (sync, pooled connection, retried on 429 / 503)."""
-        self.check(request)
-        path, body = self._body(request)
-        url = self.base_url + path
-        for attempt in range(self.retries + 1):
-            with _http_errors(url):
-                response = self._client.post(url, json=body)
-            if response.status_code in RETRY_STATUS and attempt < self.retries:
-                time.sleep(self._delay(response, attempt))
-                continue
-            return self._result(url, self._json(url, response), request)
+    # ------------------------------------------------------------- sending
+    def _retry_delay(self, url: str, response: httpx.Response, attempt: int) -> float | None:
+        """None for a 200 (use it); seconds to wait before the next attempt for a 429 or
+        503 with attempts left; else the named ``RemoteError`` (the body read already)."""
+        if response.status_code == 200:
+            return None
+        if response.status_code in RETRY_STATUS and attempt < self.retries:
+            after = response.headers.get("retry-after", "")
+            wait = float(after) if after.replace(".", "", 1).isdigit() else 0.0
+            return min(MAX_RETRY_WAIT, max(wait, self.backoff * 2.0**attempt))
+        self._json(url, response)
         raise AssertionError("unreachable")
 
-    async def agenerate(self, request: GenerateRequest) -> GenerateResult:
-        """``generate`` for async code; cancelling the task aborts the request."""
-        self.check(request)
-        path, body = self._body(request)
-        url = self.base_url + path
-        if self._aclient is not None:
-            return await self._apost(self._aclient, url, body, request)
-        async with httpx.AsyncClient(headers=self._headers, timeout=self._timeout) as client:
-            return await self._apost(client, url, body, request)
-
-    async def _apost(self, client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                     request: GenerateRequest) -> GenerateResult:
-        for attempt in range(self.retries + 1):
-            with _http_errors(url):
-                response = await client.post(url, json=body, headers=self._headers)
-            if response.status_code in RETRY_STATUS and attempt < self.retries:
-                await anyio.sleep(self._delay(response, attempt))
-                continue
-            return self._result(url, self._json(url, response), request)
-        raise AssertionError("unreachable")
-
-    # ---------------------------------------------------------------- streaming
-    def stream(self, request: GenerateRequest) -> Iterator[list[int] | GenerateResult]:
-        """Token ids as the server streams them (SSE; kinds vllm and chatkit), then the
-        GenerateResult. Other kinds: one request, then everything at once."""
-        if self.kind not in ("vllm", "chatkit"):
-            result = self.generate(request)
-            yield list(result.tokens)
-            yield result
-            return
-        url, body = self._stream_body(request)
+    @contextlib.contextmanager
+    def _send(self, url: str, body: dict[str, Any]) -> Iterator[httpx.Response]:
+        """POST on the pooled client, retried on 429 / 503: the 200 response, its body not
+        yet read; transport failures as ``RemoteError``."""
         for attempt in range(self.retries + 1):
             with _http_errors(url), self._client.stream("POST", url, json=body) as response:
-                if response.status_code in RETRY_STATUS and attempt < self.retries:
-                    response.read()
-                    time.sleep(self._delay(response, attempt))
-                    continue
                 if response.status_code != 200:
                     response.read()
-                    self._json(url, response)  # raises the named error
-                parser = _SSE(self, url, request)
-                for line in response.iter_lines():
-                    yield from parser.line(line)
-                yield parser.end()
-                return
+                delay = self._retry_delay(url, response, attempt)
+                if delay is None:
+                    yield response
+                    return
+            time.sleep(delay)
 
-    async def astream(self, request: GenerateRequest
-                      ) -> AsyncIterator[list[int] | GenerateResult]:
-        """``stream`` for async code; cancelling the task closes the connection."""
-        if self.kind not in ("vllm", "chatkit"):
-            result = await self.agenerate(request)
-            yield list(result.tokens)
-            yield result
-            return
-        url, body = self._stream_body(request)
+    @contextlib.asynccontextmanager
+    async def _asend(self, url: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
+        """``_send`` for async code, on ``async_client`` or a client of its own."""
         async with contextlib.AsyncExitStack() as stack:
             client = self._aclient
             if client is None:
@@ -475,30 +204,59 @@ class RemoteEngine:
                 with _http_errors(url):
                     async with client.stream("POST", url, json=body,
                                              headers=self._headers) as response:
-                        if response.status_code in RETRY_STATUS and attempt < self.retries:
-                            await response.aread()
-                            await anyio.sleep(self._delay(response, attempt))
-                            continue
                         if response.status_code != 200:
                             await response.aread()
-                            self._json(url, response)
-                        parser = _SSE(self, url, request)
-                        async for line in response.aiter_lines():
-                            for piece in parser.line(line):
-                                yield piece
-                        yield parser.end()
-                        return
+                        delay = self._retry_delay(url, response, attempt)
+                        if delay is None:
+                            yield response
+                            return
+                await anyio.sleep(delay)
 
-    def _stream_body(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
-        self.check(request)
-        path, body = self._body(request)
-        return self.base_url + path, {**body, "stream": True,
-                                      "stream_options": {"include_usage": True}}
+    # ----------------------------------------------------------- GenerateEngine
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        """One completion (sync, pooled connection, retried on 429 / 503)."""
+        url, body = self._prepared(request, stream=False)
+        with self._send(url, body) as response:
+            response.read()
+        return self._result(url, self._json(url, response), request)
 
-    def _delay(self, response: httpx.Response, attempt: int) -> float:
-        after = response.headers.get("retry-after", "")
-        wait = float(after) if after.replace(".", "", 1).isdigit() else 0.0
-        return min(MAX_RETRY_WAIT, max(wait, self.backoff * 2.0**attempt))
+    async def agenerate(self, request: GenerateRequest) -> GenerateResult:
+        """``generate`` for async code; cancelling the task aborts the request."""
+        url, body = self._prepared(request, stream=False)
+        async with self._asend(url, body) as response:
+            await response.aread()
+        return self._result(url, self._json(url, response), request)
+
+    def stream(self, request: GenerateRequest) -> Iterator[list[int] | GenerateResult]:
+        """Token ids as the server streams them (SSE; kinds vllm and chatkit), then the
+        GenerateResult. Other kinds: one request, then everything at once."""
+        if not self.dialect.streams_tokens:
+            result = self.generate(request)
+            yield list(result.tokens)
+            yield result
+            return
+        url, body = self._prepared(request, stream=True)
+        with self._send(url, body) as response:
+            parser = _SSE(self.base_url, url, request)
+            for line in response.iter_lines():
+                yield from parser.line(line)
+            yield parser.end()
+
+    async def astream(self, request: GenerateRequest
+                      ) -> AsyncIterator[list[int] | GenerateResult]:
+        """``stream`` for async code; cancelling the task closes the connection."""
+        if not self.dialect.streams_tokens:
+            result = await self.agenerate(request)
+            yield list(result.tokens)
+            yield result
+            return
+        url, body = self._prepared(request, stream=True)
+        async with self._asend(url, body) as response:
+            parser = _SSE(self.base_url, url, request)
+            async for line in response.aiter_lines():
+                for piece in parser.line(line):
+                    yield piece
+            yield parser.end()
 
     def _json(self, url: str, response: httpx.Response) -> Any:
         if response.status_code != 200:
@@ -519,8 +277,8 @@ class RemoteEngine:
 class _SSE:
     """OpenAI-style completion chunks (``data: {...}`` lines) with ``token_ids``."""
 
-    def __init__(self, engine: RemoteEngine, url: str, request: GenerateRequest) -> None:
-        self.engine, self.url, self.request = engine, url, request
+    def __init__(self, where: str, url: str, request: GenerateRequest) -> None:
+        self.where, self.url, self.request = where, url, request
         self.tokens: list[int] = []
         self.finish: Any = None
         self.usage: dict[str, Any] = {}
@@ -566,8 +324,8 @@ class _SSE:
             prompt_tokens = int(self.usage.get("prompt_tokens", 0))
         except (TypeError, ValueError, AttributeError):
             raise RemoteError(self.url, f"usage is malformed: {self.usage!r:.200}") from None
-        return self.engine.finish_result(list(self.tokens), self.finish, self.request,
-                                         prompt_tokens, cached)
+        return finish_result(self.where, list(self.tokens), self.finish, self.request,
+                             prompt_tokens, cached)
 
 
 @contextlib.contextmanager

@@ -16,8 +16,10 @@ import llguidance.numpy
 import numpy as np
 import pytest
 
-import chatkit.model as cm
+import chatkit.llama_log as llama_log
+import chatkit.vocab as cv
 from chatkit import Conversation, Model, ModelLoadError
+from chatkit.llg_prebuild import TokenizerPrebuild
 from chatkit.model import default_model_path
 
 from .conftest import ROOT, gemma_path
@@ -45,7 +47,7 @@ def _warm(path: Path | None) -> None:
     """Load once the way a first process does: no cache yet, the table is written."""
     model = Model.load(path, n_ctx=256, n_seq_max=1)
     try:
-        assert ("llg_tokenizer", model.eot_id) not in model._cache
+        assert ("llg_tokenizer", model.eot_id) not in model.vocab._cache
         model.llg_tokenizer(model.eot_id)  # reads the vocabulary, writes the cache
     finally:
         model.close()
@@ -59,12 +61,12 @@ def warm_path(request: pytest.FixtureRequest, cache: Path) -> Iterator[Path]:
 
 
 def test_slices_are_llguidance_json_string_slice() -> None:
-    assert cm.LLG_SLICES == llguidance.LLTokenizer.general_slices()[2:3]
-    assert cm.LLG_SLICES == llguidance.LLTokenizer.json_slices()[2:3]
+    assert cv.LLG_SLICES == llguidance.LLTokenizer.general_slices()[2:3]
+    assert cv.LLG_SLICES == llguidance.LLTokenizer.json_slices()[2:3]
 
 
 def test_cache_records_what_the_build_needs(warm_path: Path) -> None:
-    cached = cm._vocab_cache_load(warm_path)
+    cached = cv.vocab_cache_load(warm_path)
     assert cached is not None
     model = Model.load_vocab(warm_path)
     try:
@@ -79,7 +81,7 @@ def test_the_tokenizer_built_during_load_is_the_one_turns_use(cache: Path) -> No
     model = Model.load(n_ctx=512, n_seq_max=1)
     try:
         assert not _worker_threads()
-        prebuilt = model._cache.get(("llg_tokenizer", model.eot_id))
+        prebuilt = model.vocab._cache.get(("llg_tokenizer", model.eot_id))
         assert prebuilt is not None, "no tokenizer was built alongside the load"
         assert model.llg_tokenizer(model.eot_id) is prebuilt
         assert prebuilt.eos_token == model.eot_id and prebuilt.vocab_size == model.n_vocab
@@ -120,7 +122,7 @@ def test_prebuilt_and_serial_tokenizers_agree(warm_path: Path) -> None:
     model = Model.load(warm_path, n_ctx=512, n_seq_max=1)
     try:
         key = ("llg_tokenizer", model.eot_id)
-        prebuilt = model._cache.pop(key)
+        prebuilt = model.vocab._cache.pop(key)
         serial = model.llg_tokenizer(model.eot_id)
         assert serial is not prebuilt
         for text in TEXTS:
@@ -143,8 +145,8 @@ def _truncated_with_cache(tmp_path: Path) -> Path:
         path.write_bytes(fh.read(3_000_000))
     donor = Model.load_vocab(None)
     try:
-        pieces, attrs = donor._vocab_table()
-        cm._vocab_cache_write(path, pieces, attrs, eot_id=donor.eot_id, plain_tokenize=True)
+        pieces, attrs = donor.table()
+        cv.vocab_cache_write(path, pieces, attrs, eot_id=donor.eot_id, plain_tokenize=True)
     finally:
         donor.close()
     return path
@@ -156,20 +158,20 @@ def test_load_failure_keeps_llama_cpp_message(tmp_path: Path, cache: Path,
     with pytest.raises(ModelLoadError) as serial:
         Model.load(path, progress=lambda fraction: None)  # a progress callback: no overlap
     overlapped: list[Path] = []
-    real = cm._TokenizerPrebuild.load_alongside
+    real = TokenizerPrebuild.load_alongside
 
     def spy(self: Any, *args: Any) -> Any:
         overlapped.append(args[0])
         return real(self, *args)
 
-    monkeypatch.setattr(cm._TokenizerPrebuild, "load_alongside", spy)
+    monkeypatch.setattr(TokenizerPrebuild, "load_alongside", spy)
     with pytest.raises(ModelLoadError) as info:
         Model.load(path)
     assert overlapped == [path]
     assert info.value.path == str(path)
     assert str(info.value) == str(serial.value)
     assert "could not load the model" not in str(info.value)  # llama.cpp's own line
-    assert not _worker_threads() and cm._quiet_depth == 0
+    assert not _worker_threads() and llama_log.muted_depth() == 0
 
 
 def test_log_sink_restored_after_the_overlapped_window(cache: Path,
@@ -177,10 +179,10 @@ def test_log_sink_restored_after_the_overlapped_window(cache: Path,
     _warm(None)
     model = Model.load(n_ctx=256, n_seq_max=1)
     try:
-        assert ("llg_tokenizer", model.eot_id) in model._cache
+        assert ("llg_tokenizer", model.eot_id) in model.vocab._cache
     finally:
         model.close()
-    assert cm._quiet_depth == 0
+    assert llama_log.muted_depth() == 0
     with caplog.at_level("DEBUG", logger="chatkit.llama_cpp"):
         Model.load_vocab(None).close()
     assert any(r.name == "chatkit.llama_cpp" for r in caplog.records)
@@ -204,7 +206,7 @@ def test_interrupt_during_load_frees_everything(cache: Path,
     with pytest.raises(KeyboardInterrupt):
         Model.load(n_ctx=256, n_seq_max=1)
     assert len(freed) == 1
-    assert not _worker_threads() and cm._quiet_depth == 0
+    assert not _worker_threads() and llama_log.muted_depth() == 0
 
 
 def test_progress_callback_or_stale_cache_loads_serially(cache: Path) -> None:
@@ -212,19 +214,19 @@ def test_progress_callback_or_stale_cache_loads_serially(cache: Path) -> None:
     seen: list[float] = []
     model = Model.load(n_ctx=256, n_seq_max=1, progress=seen.append)
     try:
-        assert seen[-1] == 1.0 and ("llg_tokenizer", model.eot_id) not in model._cache
+        assert seen[-1] == 1.0 and ("llg_tokenizer", model.eot_id) not in model.vocab._cache
     finally:
         model.close()
-    target = cm._vocab_cache_path(default_model_path())
+    target = cv.vocab_cache_path(default_model_path())
     fields = marshal.loads(target.read_bytes())
     target.write_bytes(marshal.dumps(fields[:2] + fields[4:]))  # no end-of-turn id
     model = Model.load(n_ctx=256, n_seq_max=1)
     try:
-        assert ("llg_tokenizer", model.eot_id) not in model._cache
+        assert ("llg_tokenizer", model.eot_id) not in model.vocab._cache
         assert model.detokenize(model.tokenize("hello", special=False)) == "hello"
     finally:
         model.close()
-    cached = cm._vocab_cache_load(default_model_path())
+    cached = cv.vocab_cache_load(default_model_path())
     assert cached is not None and cached.plain_tokenize  # rewritten with the new fields
 
 
@@ -239,8 +241,8 @@ def test_sync_api_does_not_import_async_libraries() -> None:
 
 def _marked(pieces: list[bytes], attrs: Any) -> list[bytes]:
     """The special-token marking rule, token by token."""
-    return [b"\xff" + p if a & cm._ATTR_CONTROL or (
-        a & cm._ATTR_USER_DEFINED and p.startswith(b"<") and p.endswith(b">")) else p
+    return [b"\xff" + p if a & cv.ATTR_CONTROL or (
+        a & cv.ATTR_USER_DEFINED and p.startswith(b"<") and p.endswith(b">")) else p
         for p, a in zip(pieces, attrs.tolist(), strict=True)]
 
 
@@ -248,31 +250,31 @@ def _marked(pieces: list[bytes], attrs: Any) -> list[bytes]:
 def test_llg_tokens_mark_control_and_markup_tokens(which: str) -> None:
     model = Model.load_vocab(default_model_path() if which == "smol" else gemma_path())
     try:
-        pieces, attrs = model._vocab_table()
-        tokens = cm._llg_tokens(pieces, attrs)
+        pieces, attrs = model.table()
+        tokens = cv.llg_tokens(pieces, attrs)
         assert tokens == _marked(pieces, attrs)
         assert tokens[model.eot_id].startswith(b"\xff")
         assert sum(t != p for t, p in zip(tokens, pieces, strict=True)) > 10
     finally:
         model.close()
     # user-defined tokens are marked only when they look like markup
-    attrs = np.array([cm._ATTR_USER_DEFINED, cm._ATTR_USER_DEFINED, cm._ATTR_CONTROL, 0],
+    attrs = np.array([cv.ATTR_USER_DEFINED, cv.ATTR_USER_DEFINED, cv.ATTR_CONTROL, 0],
                      dtype=np.int32)
     pieces = [b"<tool>", b"tool", b"x", b"<y>"]
-    assert cm._llg_tokens(pieces, attrs) == [b"\xff<tool>", b"tool", b"\xffx", b"<y>"]
+    assert cv.llg_tokens(pieces, attrs) == [b"\xff<tool>", b"tool", b"\xffx", b"<y>"]
     with pytest.raises(ValueError):
-        cm._llg_tokens(pieces[:3], attrs)
+        cv.llg_tokens(pieces[:3], attrs)
 
 
 def test_vocab_cache_round_trip_and_damage(cache: Path) -> None:
     path = default_model_path()
     pieces = [b"a", b"", b"\xff\x00<b>", "é".encode()]
     attrs = np.array([0, 1, 8, 1 << 9], dtype=np.int32)
-    cm._vocab_cache_write(path, pieces, attrs, eot_id=2, plain_tokenize=True)
-    got = cm._vocab_cache_load(path)
+    cv.vocab_cache_write(path, pieces, attrs, eot_id=2, plain_tokenize=True)
+    got = cv.vocab_cache_load(path)
     assert got is not None and got.pieces == pieces and got.eot_id == 2 and got.plain_tokenize
     assert got.attrs.dtype == np.int32 and got.attrs.tolist() == attrs.tolist()
-    target = cm._vocab_cache_path(path)
+    target = cv.vocab_cache_path(path)
     good = target.read_bytes()
     fields = marshal.loads(good)
     damaged = [good[: len(good) // 2], b"", b"not marshal",
@@ -283,14 +285,14 @@ def test_vocab_cache_round_trip_and_damage(cache: Path) -> None:
                marshal.dumps((*fields[:4], b"\x00" * 12, *fields[5:]))]  # short attributes
     for bad in damaged:
         target.write_bytes(bad)
-        assert cm._vocab_cache_load(path) is None, bad[:40]
+        assert cv.vocab_cache_load(path) is None, bad[:40]
     # a damaged file is a miss: the model reads its vocabulary again and rewrites the cache
     model = Model.load(path, n_ctx=256, n_seq_max=1)
     try:
         assert model.detokenize(model.tokenize("hello", special=False)) == "hello"
     finally:
         model.close()
-    again = cm._vocab_cache_load(path)
+    again = cv.vocab_cache_load(path)
     assert again is not None and len(again.pieces) == model.n_vocab
 
 
@@ -308,12 +310,12 @@ def test_slices_only_for_grammars_with_bounded_strings(cache: Path) -> None:
     _warm(None)
     model = Model.load(n_ctx=512, n_seq_max=1)
     try:
-        base = model._cache[("llg_tokenizer", model.eot_id)]
-        assert ("llg_tokenizer_sliced", model.eot_id) not in model._cache
+        base = model.vocab._cache[("llg_tokenizer", model.eot_id)]
+        assert ("llg_tokenizer_sliced", model.eot_id) not in model.vocab._cache
         Constraint.json_schema(SCHEMA, model=model)
-        assert ("llg_tokenizer_sliced", model.eot_id) not in model._cache
+        assert ("llg_tokenizer_sliced", model.eot_id) not in model.vocab._cache
         Constraint.json_schema(BOUNDED, model=model)
-        sliced = model._cache[("llg_tokenizer_sliced", model.eot_id)]
+        sliced = model.vocab._cache[("llg_tokenizer_sliced", model.eot_id)]
         assert sliced is not base and model.llg_tokenizer(model.eot_id, sliced=True) is sliced
         grammar = llguidance.LLMatcher.grammar_from_json_schema(BOUNDED)
         reply = '{"name": "' + "Ada Lovelace, née Byron; " * 2 + '", "age": 36}'

@@ -9,7 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatkit import DecodeError, InvalidParameter, Model, ModelLoadError, ModelNotFound, SeqChunk
+from chatkit import (
+    DecodeError,
+    EngineBusy,
+    InvalidParameter,
+    Model,
+    ModelLoadError,
+    ModelNotFound,
+    SeqChunk,
+)
 from chatkit.model import default_model_path
 
 TEXT = "Grüße, 世界! 🦙 naïve café — \"quotes\" <|im_end|> {x: 1}\n\ttab"
@@ -105,6 +113,29 @@ def test_many_sequences_in_one_call_equal_each_alone(smol: Model) -> None:
     assert np.array_equal(first_a, alone_a)
     assert np.array_equal(last_b, alone_b)
     smol.clear()
+
+
+def test_a_lease_that_does_not_come_free_is_engine_busy(smol: Model) -> None:
+    held = [smol.acquire_seq(1000 + i)[0] for i in range(smol.free_seqs())]
+    try:
+        assert smol.free_seqs() == 0
+        with pytest.raises(EngineBusy):
+            smol.acquire_seq(999, wait=0.05)
+    finally:
+        for seq in held:
+            smol.release_seq(seq)
+        for i in range(len(held)):
+            smol.release_seq_owner(1000 + i)
+    assert smol.free_seqs() == smol.n_seq_max
+
+
+def test_load_vocab_is_a_vocabulary_without_decoding() -> None:
+    vocab = Model.load_vocab()
+    try:
+        assert vocab.tokenize("Hello", special=False)
+        assert not hasattr(vocab, "decode") and not hasattr(vocab, "acquire_seq")
+    finally:
+        vocab.close()
 
 
 def test_seq_cp_needs_a_unified_cache(smol: Model) -> None:

@@ -14,8 +14,7 @@ import llama_cpp
 import pytest
 
 from chatkit import BuildInfo, Device, InvalidParameter, Model, SeqChunk, build_info
-from chatkit.backends import parse_system_info
-from chatkit.model import SPLIT_MODES, plan_placement
+from chatkit.backends import SPLIT_MODES, parse_system_info, plan_placement
 
 CPU_ONLY = BuildInfo(features={"CPU": {"AVX2": "1", "AVX512": "1"}}, devices=(
     Device("CPU", "Intel Xeon", "cpu", 0, 0),), gpu_offload=False, max_devices=16)
