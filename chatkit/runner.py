@@ -9,7 +9,8 @@ tool-call and think parsing, finish rule and second reader as a local turn).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -98,12 +99,9 @@ class ReplyStream(Generic[T]):
             return
         try:
             for step in turn.steps():
-                delta = step()
-                if delta:
+                if delta := step():
                     yield delta
-            tail, self.reply = turn.finish()
-            if tail:
-                yield tail
+            self.reply = turn.reply
         finally:
             turn.release()
 
@@ -133,10 +131,11 @@ class AsyncReplyStream(Generic[T]):
             gen = self._looped(turn, engine)
         else:
             gen = self._stepped(turn, engine)
-        async for delta in gen:
-            yield delta
+        async with contextlib.aclosing(gen):  # a consumer that left ends the turn now
+            async for delta in gen:
+                yield delta
 
-    async def _remote(self, turn: Turn, engine: GenerateEngine) -> AsyncIterator[str]:
+    async def _remote(self, turn: Turn, engine: GenerateEngine) -> AsyncGenerator[str, None]:
         import anyio
 
         replay = Replay(turn, check_grammar=engine.returns_token_ids)
@@ -155,13 +154,13 @@ class AsyncReplyStream(Generic[T]):
         if tail:
             yield tail
 
-    async def _looped(self, turn: Turn, engine: StepEngine) -> AsyncIterator[str]:
+    async def _looped(self, turn: Turn, engine: StepEngine) -> AsyncGenerator[str, None]:
         ticket = engine_loop(engine).submit(turn)
         async for delta in ticket.adeltas():
             yield delta
         self.reply = ticket.reply
 
-    async def _stepped(self, turn: Turn, engine: StepEngine) -> AsyncIterator[str]:
+    async def _stepped(self, turn: Turn, engine: StepEngine) -> AsyncGenerator[str, None]:
         import anyio
 
         try:
@@ -172,12 +171,9 @@ class AsyncReplyStream(Generic[T]):
                 await anyio.sleep(0.01)
                 waited += 0.01
             for step in turn.steps():
-                delta = await run_blocking(engine, step)
-                if delta:
+                if delta := await run_blocking(engine, step):
                     yield delta
-            tail, self.reply = turn.finish()
-            if tail:
-                yield tail
+            self.reply = turn.reply
         finally:
             turn.release()
 

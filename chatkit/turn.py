@@ -68,6 +68,8 @@ class TurnView:
         self._dec: Decoder | None = None
         self.seq: int | None = None
         self._added: list[Message] = []  # checked, not yet recorded (see complete)
+        self.reply: Reply[Any] | None = None
+        """The checked Reply, once the last of :meth:`Turn.steps` ran."""
 
     @property
     def prompt(self) -> list[int]:
@@ -222,11 +224,17 @@ class Turn(TurnView):
         return self._emit(decoder.start())
 
     def steps(self) -> Iterator[Callable[[], str]]:
-        """The turn's blocking steps in order, each returning a text delta: drivers run them
-        directly (sync) or in a worker thread (async); then :meth:`finish`."""
+        """The turn's blocking steps in order, each returning a text delta, the last one
+        finishing the turn (its withheld tail; the checked Reply in ``reply``): drivers run
+        them directly (sync) or in a worker thread (async)."""
         yield self.start
         while not self.done:
             yield self.step
+        yield self._finish_step
+
+    def _finish_step(self) -> str:
+        tail, self.reply = self.finish()
+        return tail
 
     def step(self) -> str:
         """One decode step (a verify step when speculative); returns the text delta."""

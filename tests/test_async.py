@@ -69,3 +69,27 @@ def test_two_conversations_concurrently_on_one_model(smol: Model) -> None:
         return out
 
     assert anyio.run(main) == alone
+
+
+def test_speculative_astream_equals_send_and_a_consumer_that_leaves_frees_its_lease(
+        smol: Model) -> None:
+    """A speculative turn steps on the caller's side (in worker threads for async code):
+    its deltas make the sync reply, and leaving the loop early ends the lease."""
+    sync = Conversation(smol).send("Judge: snow is white.", schema=Verdict,
+                                   max_tokens=VERDICT_MAX_TOKENS, speculative=True)
+    free = smol.free_seqs()
+
+    async def main() -> tuple[str, str]:
+        stream = Conversation(smol).astream("Judge: snow is white.", schema=Verdict,
+                                            max_tokens=VERDICT_MAX_TOKENS, speculative=True)
+        text = "".join([d async for d in stream])
+        assert stream.reply is not None and stream.reply.text == text
+        left = Conversation(smol).astream("Count slowly from one to fifty.", schema=ENDLESS,
+                                          max_tokens=60, speculative=True)
+        async for _ in left:
+            break
+        return text, sync.text
+
+    got, want = anyio.run(main)
+    assert got == want
+    assert smol.free_seqs() == free
