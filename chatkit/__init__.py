@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .agent import ToolResult, execute_calls
     from .backends import BuildInfo, Device
     from .batch import BatchItem, asend_batch, send_batch
+    from .choices import ChoiceProbabilities
     from .constraints import Constraint
     from .conversation import Conversation
     from .decoding import Generation, generate
@@ -54,9 +55,10 @@ if TYPE_CHECKING:
         Vocabulary,
     )
     from .mcp import MCPToolset
-    from .messages import FinishReason, Message, Reply, Role, ToolCall, Usage
+    from .messages import FinishReason, Message, Reply, Role, TokenLogprob, ToolCall, Usage
     from .model import Model, Placement, build_info
     from .options import TurnOptions
+    from .partial import FieldEvent, Partial
     from .quorum import QuorumOptions, QuorumResult, aquorum, quorum
     from .remote import RemoteEngine
     from .runner import AsyncReplyStream, ReplyStream
@@ -84,6 +86,9 @@ _LAZY = {
     "send_batch": "batch",
     "Constraint": "constraints",
     "AsyncReplyStream": "runner",
+    "ChoiceProbabilities": "choices",
+    "FieldEvent": "partial",
+    "Partial": "partial",
     "Conversation": "conversation",
     "ReplyStream": "runner",
     "Generation": "decoding",
@@ -100,6 +105,7 @@ _LAZY = {
     "Reply": "messages",
     "Role": "messages",
     "ToolCall": "messages",
+    "TokenLogprob": "messages",
     "Usage": "messages",
     "MCPToolset": "mcp",
     "Model": "model",
@@ -164,6 +170,7 @@ __all__ = [
     "ChatTemplate",
     "ChatkitError",
     "CheckingProcessor",
+    "ChoiceProbabilities",
     "ConstrainedSource",
     "Constraint",
     "ConstraintError",
@@ -177,6 +184,7 @@ __all__ = [
     "Engine",
     "EngineBusy",
     "EngineLoop",
+    "FieldEvent",
     "FinishReason",
     "GenerateEngine",
     "GenerateRequest",
@@ -195,6 +203,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFound",
     "ModelRetry",
+    "Partial",
     "Placement",
     "PromptLookupSource",
     "QuorumOptions",
@@ -218,6 +227,7 @@ __all__ = [
     "StepEngine",
     "TemplateError",
     "Ticket",
+    "TokenLogprob",
     "Tool",
     "ToolArgumentsInvalid",
     "ToolCall",

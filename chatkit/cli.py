@@ -104,6 +104,26 @@ def _constraint(args: argparse.Namespace) -> Constraint | None:
     return None
 
 
+def _check_run_flags(args: argparse.Namespace, constraint: Constraint | None) -> None:
+    """Flags that do not go together are a ``UsageError`` before the model loads."""
+    if constraint is not None and args.stop:
+        raise UsageError("--stop ends free text; a constraint ends itself")
+    if args.mcp and constraint is not None and constraint.kind != "json_schema":
+        raise UsageError("--mcp answers free text or --json-schema (the agent loop's final "
+                         "answer), not --regex or --lark")
+    if args.stream and (constraint is None or constraint.kind != "json_schema"
+                        or args.mcp or not args.json):
+        raise UsageError("--stream prints a --json-schema reply's steps as JSON lines "
+                         "(with --json)")
+    if args.probabilities and (constraint is None or constraint.kind != "json_schema"
+                               or args.mcp):
+        raise UsageError("--probabilities reports a --json-schema reply's field values")
+    if (args.tool_choice or args.max_steps or args.tool_call_threshold is not None
+            ) and not args.mcp:
+        raise UsageError("--tool-choice, --tool-call-threshold and --max-steps need --mcp "
+                         "(the agent loop)")
+
+
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     prompt = _read_arg(args.prompt, what="--prompt", error=UsageError)
@@ -111,29 +131,27 @@ def _run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     system = _read_arg(args.system, what="--system", error=UsageError) if args.system else None
     constraint = _constraint(args)
-    if constraint is not None and args.stop:
-        raise UsageError("--stop ends free text; a constraint ends itself")
-    if args.mcp and constraint is not None and constraint.kind != "json_schema":
-        raise UsageError("--mcp answers free text or --json-schema (the agent loop's final "
-                         "answer), not --regex or --lark")
-    if (args.tool_choice or args.max_steps or args.tool_call_threshold is not None
-            ) and not args.mcp:
-        raise UsageError("--tool-choice, --tool-call-threshold and --max-steps need --mcp "
-                         "(the agent loop)")
+    _check_run_flags(args, constraint)
 
     from .conversation import Conversation
     from .model import Model
     from .sampling import SamplingParams
 
-    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=1, n_threads=args.threads,
+    # --probabilities branches on a second KV sequence
+    model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=2 if args.probabilities else 1,
+                       n_threads=args.threads,
                        progress=_tty_progress("loading model"), **_placement(args))
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     conv = Conversation(model, system=system, no_think=args.no_think, sampling=sampling,
                         stop=args.stop or (), max_tokens=args.max_tokens)
     if args.mcp:
         reply = _run_agent(args, conv, prompt, constraint)
+    elif args.stream:
+        reply = _streamed(conv.stream(prompt, schema=constraint, speculative=args.speculative,
+                                      probabilities=args.probabilities))
     elif constraint is not None and constraint.kind == "json_schema":
-        reply = conv.send(prompt, schema=constraint, speculative=args.speculative)
+        reply = conv.send(prompt, schema=constraint, speculative=args.speculative,
+                          probabilities=args.probabilities)
     else:
         reply = conv.send(prompt, constraint=constraint, speculative=args.speculative)
     if args.json:
@@ -146,13 +164,42 @@ def _run(args: argparse.Namespace) -> int:
             "model": model.name,
             "seconds": round(time.perf_counter() - started, 3),
         }
+        if reply.choices:
+            out["choices"] = _choices_json(reply.choices)
         if args.mcp:
             out["tool_results"] = [{"name": m.name, "content": m.content}
                                    for m in conv.messages if m.role == "tool"]
-        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+        _write_json(out)
     else:
         sys.stdout.write(reply.text + "\n")
+        for path, c in (reply.choices or {}).items():
+            shown = ", ".join(f"{json.dumps(v)} {p:.4f}" for v, p in c.probabilities.items())
+            sys.stdout.write(f"{path}: {shown}\n")
     return 0
+
+
+def _streamed(stream: Any) -> Any:
+    """``--stream``: one JSON line per step of the reply; the Reply."""
+    for step in stream.partials():
+        _write_json({"delta": step.delta, "data": step.data, "done": step.done,
+                     "events": [{"kind": e.kind, "path": e.path,
+                                 **({"value": e.value} if e.kind == "complete" else {})}
+                                for e in step.events]})
+    return stream.reply
+
+
+def _write_json(out: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _choices_json(choices: dict[str, Any]) -> dict[str, Any]:
+    """``--probabilities`` in ``--json`` output: per field, each value with its probability
+    (a list: values need not be strings), the reply's value, the decision and its margin."""
+    return {path: {"values": [{"value": v, "p": p} for v, p in c.probabilities.items()],
+                   "chosen": c.chosen, "decision": c.decision, "margin": c.margin,
+                   "unaccounted": c.unaccounted, "temperature": c.temperature}
+            for path, c in choices.items()}
 
 
 def _run_agent(args: argparse.Namespace, conv: Any, prompt: str,
@@ -330,6 +377,13 @@ def _add_run(sub: Any) -> None:
     run.add_argument("--speculative", action="store_true",
                      help="grammar-drafted speculative decoding (same output, fewer passes)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.add_argument("--stream", action="store_true",
+                     help="with --json-schema --json: one JSON line per step as the reply "
+                     "is written (delta, data so far, fields started/completed), then the "
+                     "--json object")
+    run.add_argument("--probabilities", action="store_true",
+                     help="with --json-schema: each enumerable field's exact value "
+                     "probabilities (in --json: \"choices\")")
     run.add_argument("--mcp", action="append", metavar="COMMAND|URL",
                      help="an MCP server's tools for the agent loop: a command (started over "
                           "stdio) or an http(s) URL (streamable HTTP); repeatable")

@@ -69,15 +69,8 @@ class Constraint:
     copy for another stream without recompiling. Not thread-safe.
     """
 
-    def __init__(
-        self,
-        kind: ConstraintKind,
-        grammar: str,
-        *,
-        source: Any,
-        reader: SchemaReader | None = None,
-        stop_token: int | None = None,
-    ) -> None:
+    def __init__(self, kind: ConstraintKind, grammar: str, *, source: Any,
+                 reader: SchemaReader | None = None, stop_token: int | None = None) -> None:
         self.kind: ConstraintKind = kind
         self.grammar = grammar
         self.source = source
@@ -273,6 +266,12 @@ class Constraint:
         m = self._live()
         if not m.consume_token(token):
             raise ConstraintError(m.get_error() or f"token {token} refused by the grammar")
+        self._schedule()
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` commits (llguidance's matcher rollback)."""
+        if not self._live().rollback(n):
+            raise ConstraintError(f"cannot roll back {n} tokens")
         self._schedule()
 
     def reset(self) -> None:

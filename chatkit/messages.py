@@ -15,7 +15,7 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from .errors import InvalidParameter
 
-__all__ = ["FinishReason", "Message", "Reply", "Role", "ToolCall", "Usage"]
+__all__ = ["FinishReason", "Message", "Reply", "Role", "TokenLogprob", "ToolCall", "Usage"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "constraint_complete", "tool_calls"]
@@ -179,6 +179,18 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A selected token's log-probability and the most probable alternatives, from the
+    distribution it was chosen from: after the grammar's mask and the penalties, at the
+    temperature in force (1 under greedy), before top-k / top-p / min-p truncation."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    """(token, logprob), most probable first."""
+
+
+@dataclass(frozen=True)
 class Reply(Generic[T]):
     """An assistant reply: the text and what chatkit made of it.
 
@@ -202,3 +214,9 @@ class Reply(Generic[T]):
     dropped_calls: int = 0
     """Tool calls dropped because they repeated an earlier call of this reply verbatim (the
     reply ended there)."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Per reply token (``logprobs=`` asked for them): its log-probability and the top
+    alternatives."""
+    choices: dict[str, Any] | None = None
+    """Per field (JSON pointer) asked for with ``probabilities=``: its
+    :class:`~chatkit.choices.ChoiceProbabilities`."""

@@ -59,6 +59,13 @@ class TurnOptions(TypedDict, total=False):
     the model's own template and after tool results: its sampling decides, as written."""
     speculative: bool
     """Grammar-drafted speculative decoding (same output, fewer forward passes)."""
+    logprobs: int | None
+    """Record each reply token's log-probability with this many most probable alternatives
+    (0: the token's own only) in ``reply.logprobs``; None: off. See ``TokenLogprob``."""
+    probabilities: bool | Sequence[str]
+    """Schema replies on a local engine: the exact probability of each value a field allows
+    (enum, Literal, boolean, a small integer range) in ``reply.choices``; True for every
+    such field, or the fields' JSON pointers (``"/verdict"``). See :mod:`chatkit.choices`."""
 
 
 OPTION_NAMES = frozenset(TurnOptions.__annotations__)
@@ -173,6 +180,38 @@ class CallOptions:
     threshold_given: bool = False
     """``tool_call_threshold`` was given (None then means: no first-token decision)."""
     speculative: bool = False
+    logprobs: int | None = None
+    probabilities: bool | tuple[str, ...] = False
+
+
+def check_logprobs(value: Any) -> int | None:
+    """``logprobs``: None, or how many alternatives to record per token (>= 0)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidParameter("logprobs", f"must be None or an int >= 0, got {value!r}")
+    return value
+
+
+def check_probabilities(value: Any, *, has_schema: bool, local: bool
+                        ) -> bool | tuple[str, ...]:
+    """``probabilities``: True, False, or JSON pointers of fields; a schema reply on a local
+    engine (the branches are evaluated here)."""
+    if value is False or value is None:
+        return False
+    fields: bool | tuple[str, ...] = True
+    if value is not True:
+        if isinstance(value, str) or not all(
+                isinstance(p, str) and p.startswith("/") for p in value):
+            raise InvalidParameter("probabilities", "True, or JSON pointers such as "
+                                   "['/verdict']")
+        fields = tuple(value)
+    if not has_schema:
+        raise InvalidParameter("probabilities", "needs schema=")
+    if not local:
+        raise InvalidParameter("probabilities", "a remote engine returns no rows to branch "
+                               "on; local engines only")
+    return fields
 
 
 def resolve(options: TurnOptions, defaults: Defaults, *, constrained: bool,
@@ -207,7 +246,10 @@ def resolve(options: TurnOptions, defaults: Defaults, *, constrained: bool,
         schema_in_prompt=bool(options.get("schema_in_prompt")), tool_choice=choice,
         parallel_tool_calls=parallel, tool_call_threshold=threshold,
         threshold_given="tool_call_threshold" in options,
-        speculative=bool(options.get("speculative")))
+        speculative=bool(options.get("speculative")),
+        logprobs=check_logprobs(options.get("logprobs")),
+        probabilities=check_probabilities(options.get("probabilities", False),
+                                          has_schema=has_schema, local=local))
 
 
 def _sampler(options: TurnOptions, default: Sampler) -> Sampler:

@@ -62,8 +62,10 @@ def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: st
                "total %.3f s, %s", usage.prompt_tokens, usage.cached_prompt_tokens,
                usage.completion_tokens, usage.prompt_seconds, usage.total_seconds, finish)
     message = Message("assistant", text, reasoning=reasoning, tool_calls=tuple(calls))
+    logprobs = tuple(d.logprobs) if plan.logprobs is not None else None
     return Reply(text=text, finish_reason=finish, usage=usage, parsed=parsed,
-                 reasoning=reasoning, tool_calls=calls, dropped_calls=dropped_calls), message
+                 reasoning=reasoning, tool_calls=calls, dropped_calls=dropped_calls,
+                 logprobs=logprobs), message
 
 
 def _thinking_parts(c: Constraint, text: str) -> tuple[str, str]:

@@ -126,6 +126,14 @@ class TurnPlan:
     """The messages the prompt renders (for engines that render their own template)."""
     auto_call: AutoCall | None = None
     """``tool_choice="auto"`` decided at the first token (``tool_call_threshold``)."""
+    logprobs: int | None = None
+    """Record per-token log-probabilities with this many alternatives (None: off)."""
+    probabilities: bool | tuple[str, ...] = False
+    """Fields whose value probabilities the reply reports (True: every enumerable one)."""
+    schema: Any = None
+    """The JSON schema the reply answers (a ``LoadedSchema``'s document), if any."""
+    schema_model: Any = None
+    """The Pydantic class of ``schema=``, if it was one."""
 
 
 def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
@@ -176,7 +184,11 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
                     processor=grammar if grammar is not None else opts.constraint,
                     constraint=grammar, thinking=thinking, stop_strings=opts.stop,
                     tools=tuple(tools), user=user, speculative=opts.speculative,
-                    stop_token=stop_token, messages=messages, auto_call=auto)
+                    stop_token=stop_token, messages=messages, auto_call=auto,
+                    logprobs=opts.logprobs, probabilities=opts.probabilities,
+                    schema=loaded.doc if loaded is not None else
+                    schema.source if isinstance(schema, Constraint) else None,
+                    schema_model=loaded.model_cls if loaded is not None else None)
 
 
 def _grammar(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 from .batch import asend_batch, send_batch
 from .conversation import Conversation
@@ -42,6 +42,10 @@ class QuorumResult:
     """Indexes of valid lanes that voted against the majority."""
     replies: list[Reply[Any] | ChatkitError] = field(default_factory=list)
     """The raw per-lane results."""
+    probabilities: dict[Any, float] | None = None
+    """``method="probability"``: each value's exact probability (``votes`` is then empty)."""
+    margin: float | None = None
+    """``method="probability"``: the decision's probability minus the runner-up's."""
 
 
 class QuorumOptions(TypedDict, total=False):
@@ -61,6 +65,12 @@ class QuorumOptions(TypedDict, total=False):
     """Per-lane seeds (default lane index + 1)."""
     max_tokens: int
     """Reply token limit per lane (default 256)."""
+    method: Literal["vote", "probability"]
+    """``vote`` (default): the lanes sample and vote. ``probability``: one greedy lane, and
+    the exact distribution of ``field``'s values under the grammar (at ``temperatures[0]``,
+    default 1; :mod:`chatkit.choices`); the decision is the most probable value. The field
+    must be one whose values the schema enumerates; its distribution is conditioned on the
+    reply before it (put the decision first)."""
 
 
 def quorum(model: Engine, prompt: str, *, schema: SchemaInput,
@@ -70,14 +80,58 @@ def quorum(model: Engine, prompt: str, *, schema: SchemaInput,
     Raises the schema refusals before any decode; a lane's own failure is reported,
     not raised. Lanes with one system prompt evaluate the prompt prefix once.
     """
+    if options.get("method", "vote") == "probability":
+        conv, path = _probability_lane(model, options)
+        try:
+            reply = conv.send(prompt, schema=schema, probabilities=[path])
+        except ChatkitError as exc:
+            return tally([exc], options.get("field", "decision"))
+        return _by_probability(reply, path)
     convs = _lanes(model, options)
     replies = send_batch([(c, prompt) for c in convs], schema=schema, return_exceptions=True)
     return tally(replies, options.get("field", "decision"))
 
 
+def _probability_lane(model: Engine, options: QuorumOptions) -> tuple[Conversation, str]:
+    _check_names(options)
+    if options.get("lanes", 1) != 1 or options.get("seeds") or options.get("systems"):
+        raise InvalidParameter("lanes", "method='probability' runs one lane (the exact "
+                               "distribution needs no samples)")
+    temperatures = options.get("temperatures") or [0.0]
+    if len(temperatures) != 1 or temperatures[0] < 0:
+        raise InvalidParameter("temperatures", "method='probability' takes one temperature "
+                               "(the distribution's; default 1 with a greedy reply)")
+    conv = Conversation(model, system=options.get("system"),
+                        sampling=SamplingParams(temperature=temperatures[0], seed=1),
+                        max_tokens=options.get("max_tokens", 256))
+    return conv, "/" + options.get("field", "decision")
+
+
+def _check_names(options: QuorumOptions) -> None:
+    unknown = set(options) - set(QuorumOptions.__annotations__)
+    if unknown:
+        raise InvalidParameter(sorted(unknown)[0], "unknown quorum option")
+    if options.get("method", "vote") not in ("vote", "probability"):
+        raise InvalidParameter("method", f"'vote' or 'probability', not {options['method']!r}")
+
+
+def _by_probability(reply: Reply[Any], path: str) -> QuorumResult:
+    dist = (reply.choices or {})[path]
+    return QuorumResult(decision=dist.decision, votes={}, verdicts=[reply.parsed],
+                        replies=[reply], probabilities=dict(dist.probabilities),
+                        margin=dist.margin, tie=dist.margin == 0.0)
+
+
 async def aquorum(model: Engine, prompt: str, *, schema: SchemaInput,
                   **options: Unpack[QuorumOptions]) -> QuorumResult:
     """``quorum`` for async code (the batch runs in a worker thread)."""
+    if options.get("method", "vote") == "probability":
+        conv, path = _probability_lane(model, options)
+        try:
+            reply = await conv.asend(prompt, schema=schema, probabilities=[path])
+        except ChatkitError as exc:
+            return tally([exc], options.get("field", "decision"))
+        return _by_probability(reply, path)
     convs = _lanes(model, options)
     replies = await asend_batch([(c, prompt) for c in convs], schema=schema,
                                 return_exceptions=True)
@@ -85,9 +139,7 @@ async def aquorum(model: Engine, prompt: str, *, schema: SchemaInput,
 
 
 def _lanes(model: Engine, options: QuorumOptions) -> list[Conversation]:
-    unknown = set(options) - set(QuorumOptions.__annotations__)
-    if unknown:
-        raise InvalidParameter(sorted(unknown)[0], "unknown quorum option")
+    _check_names(options)
     lanes = options.get("lanes", 3)
     if lanes < 1:
         raise InvalidParameter("lanes", f"must be >= 1, got {lanes}")

@@ -19,6 +19,7 @@ from .concurrency import run_blocking
 from .engine import Engine, GenerateEngine, GenerateResult, StepEngine
 from .errors import AllTokensMasked, ChatkitError, ConstraintError, SchemaViolation
 from .messages import Reply
+from .partial import Partial, PartialReader
 from .scheduler import engine_loop
 from .turn import Turn
 
@@ -85,6 +86,15 @@ class ReplyStream(Generic[T]):
         self._turn = turn
         self.reply: Reply[T] | None = None
 
+    def partials(self) -> Iterator[Partial[T]]:
+        """The stream as :class:`~chatkit.partial.Partial` steps: each delta with the
+        document so far and the fields that started or completed; the last step is
+        ``done`` (then ``reply`` is set)."""
+        reader = _reader(self._turn)
+        for delta in self:
+            yield reader.feed(delta)
+        yield _last(reader, self.reply)
+
     def __iter__(self) -> Iterator[str]:
         turn, engine = self._turn, self._turn.engine
         if isinstance(engine, GenerateEngine):
@@ -106,6 +116,16 @@ class ReplyStream(Generic[T]):
             turn.release()
 
 
+def _reader(turn: Turn) -> PartialReader[Any]:
+    return PartialReader(model=turn.schema_model, tools=turn.has_tools,
+                         thinking=turn.thinking)
+
+
+def _last(reader: PartialReader[Any], reply: Reply[Any] | None) -> Partial[Any]:
+    answer = reply.text if reply is not None and reader.thinking else None
+    return reader.feed("", done=True, answer=answer)
+
+
 class AsyncReplyStream(Generic[T]):
     """``async for`` text deltas; ``reply`` is set when the iteration ends normally.
 
@@ -117,14 +137,27 @@ class AsyncReplyStream(Generic[T]):
     def __init__(self, engine: Engine, plan: Callable[[], Turn]) -> None:
         self._engine = engine
         self._plan = plan
+        self._turn: Turn | None = None
         self.reply: Reply[T] | None = None
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._deltas()
 
+    async def partials(self) -> AsyncIterator[Partial[T]]:
+        """``ReplyStream.partials`` for async code."""
+        reader: PartialReader[Any] | None = None
+        async for delta in self:
+            reader = reader or _reader(self._turn_planned())
+            yield reader.feed(delta)
+        yield _last(reader or _reader(self._turn_planned()), self.reply)
+
+    def _turn_planned(self) -> Turn:
+        assert self._turn is not None
+        return self._turn
+
     async def _deltas(self) -> AsyncIterator[str]:
         engine = self._engine
-        turn = await run_blocking(engine, self._plan)
+        turn = self._turn = await run_blocking(engine, self._plan)
         if isinstance(engine, GenerateEngine):
             gen = self._remote(turn, engine)
         elif not turn.speculative:

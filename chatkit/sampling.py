@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .errors import AllTokensMasked, InvalidParameter
+from .messages import TokenLogprob
 
 __all__ = [
     "CheckingProcessor",
@@ -349,17 +350,6 @@ def _argmax(row: Logits) -> int:
     if not row[token] > -np.inf:  # -inf everywhere, or NaN
         raise AllTokensMasked("no selectable token: every logit is -inf or NaN")
     return token
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """A selected token's log-probability and the most probable alternatives, from the
-    distribution it was chosen from (``Sampler.logprobs``)."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
-    """(token, logprob), most probable first."""
 
 
 def _logprob(row: Logits, token: int, p: SamplingParams, k: int) -> TokenLogprob:

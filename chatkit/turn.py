@@ -11,6 +11,7 @@ token); the finish reason is decided once (:func:`chatkit.decoding.decide_finish
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class TurnView:
         self.on_complete = on_complete
         self.local = local
         """Stepped here (a remote engine's turn is replayed: ``open_replay``)."""
+        self.logprob_top = plan.logprobs
         self.constraint = plan.constraint
         """The grammar governing the reply (``auto`` may replace it at the first token)."""
         self.processor = plan.processor
@@ -84,6 +86,11 @@ class TurnView:
     def thinking(self) -> bool:
         """The reply opens a think block."""
         return self.plan.thinking
+
+    @property
+    def schema_model(self) -> Any:
+        """The Pydantic class of ``schema=`` (None for other schemas)."""
+        return self.plan.schema_model
 
     @property
     def has_tools(self) -> bool:
@@ -147,7 +154,7 @@ class TurnView:
 
     def record_logprobs(self, top: int) -> None:
         """Record each sampled token's log-probability and the ``top`` alternatives."""
-        self.plan.sampler.logprobs = top
+        self.logprob_top = top
 
 
 class Turn(TurnView):
@@ -190,6 +197,7 @@ class Turn(TurnView):
     def _decoder(self, engine: StepEngine, seq: int, reuse: int) -> Decoder:
         plan = self.plan
         plan.sampler.processor = self.processor
+        plan.sampler.logprobs = self.logprob_top
         plan.sampler.reset()  # per-turn reset: one constraint governs each reply afresh
         dec = Decoder(engine, plan.prompt, plan.sampler, max_tokens=plan.max_tokens,
                       stop_ids=plan.stop_ids, seq_id=seq, reuse=reuse)
@@ -311,10 +319,27 @@ class Turn(TurnView):
         text = em.text if plan.stop_strings or em.cut else d.result().text
         reply, message = reply_of(plan, self.constraint, d, text,
                                   dropped_calls=em.dropped_calls)
+        if plan.probabilities and not reply.tool_calls:
+            reply = self._with_choices(reply, raw=text)
         self._added = [*([plan.user] if plan.user is not None else []), message]
         if record:
             self.record()
         return reply
+
+    def _with_choices(self, reply: Reply[Any], *, raw: str) -> Reply[Any]:
+        """The reply with the exact probabilities of its enumerable fields' values."""
+        from .choices import Branching, choice_probabilities
+
+        plan = self.plan
+        assert plan.constraint is not None and self.seq is not None
+        start = len(raw) - len(reply.text)  # the answer after a think block
+        params = plan.sampler.params
+        branching = Branching(self._engine(), self.seq, plan.prompt,
+                              self.decoder.tokens, plan.constraint,
+                              temperature=params.temperature or 1.0)
+        choices = choice_probabilities(branching, plan.schema, reply.text, start,
+                                       fields=plan.probabilities)
+        return dataclasses.replace(reply, choices=choices)
 
     def record(self) -> None:
         """Add the completed turn's messages to the conversation (once)."""

@@ -181,3 +181,22 @@ def test_free_text_with_stop() -> None:
     proc = chatkit("run", "--prompt", "List three fruits, one per line.", "--stop", "\n",
                    "--max-tokens", "30")
     assert proc.returncode == 0 and proc.stdout.count("\n") == 1
+
+
+def test_stream_prints_a_json_line_per_step_and_probabilities() -> None:
+    schema = ROOT / "tests/fixtures/schemas/enum.json"
+    proc = chatkit("run", "--prompt", "Pick one.", "--json-schema", f"@{schema}", "--json",
+                   "--stream", "--probabilities")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    steps, final = lines[:-1], lines[-1]
+    assert steps and steps[-1]["done"] and not any(s["done"] for s in steps[:-1])
+    assert "".join(s["delta"] for s in steps) == final["text"]
+    assert steps[-1]["data"] == final["parsed"]
+    events = [e for s in steps for e in s["events"]]
+    assert {"kind": "complete", "path": "", "value": final["parsed"]} in events
+    dist = final["choices"][""]  # the whole document is the enum
+    assert {v["value"] for v in dist["values"]} == {"red", "green", "blue"}
+    assert abs(sum(v["p"] for v in dist["values"]) + dist["unaccounted"] - 1) < 1e-6
+    refused = chatkit("run", "--prompt", "x", "--stream")
+    assert refused.returncode == 2 and "--stream" in refused.stderr
