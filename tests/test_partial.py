@@ -160,3 +160,36 @@ def test_async_partials_equal_sync(smol: Model) -> None:
         return [(s.delta, s.data) async for s in stream.partials()]
 
     assert anyio.run(main) == sync
+
+
+def test_partials_over_a_remote_engine() -> None:
+    """A remote engine's tokens are replayed through the turn: the same partials."""
+    from chatkit import RemoteEngine
+    from tests.helpers import Script, completion
+
+    vocab = Model.load_vocab()
+    script = Script()
+    engine = RemoteEngine(script.base, kind="vllm", model="m", vocab=vocab, retries=0,
+                          timeout=30)
+    try:
+        text = '{"kind":"bug","title":"Login fails","labels":["ui"]}'
+        script.replies = [(200, completion([*vocab.tokenize(text, special=False),
+                                            vocab.eot_id]), 0.0)]
+        stream = Conversation(engine).stream("File it.", schema=Ticket, max_tokens=80)
+        steps = list(stream.partials())
+        check_steps(steps, json.loads(text))
+        assert isinstance(steps[-1].object, Ticket) and steps[-1].object.labels == ["ui"]
+    finally:
+        engine.close()
+        script.close()
+
+
+def test_a_thinking_reply_streams_its_answer(smol: Model) -> None:
+    """Under a thinking template the think text comes first (no data yet), then the
+    answer's partials; the last step is the parsed answer."""
+    stream = Conversation(smol, template="qwen3", think_budget=16).stream(
+        "File a ticket: the docs are wrong.", schema=Ticket, max_tokens=120)
+    steps = list(stream.partials())
+    assert stream.reply is not None and stream.reply.reasoning is not None
+    check_steps(steps, stream.reply.parsed.model_dump())
+    assert steps[0].data is None  # the think block opens the reply

@@ -59,6 +59,7 @@ PYTHON = {
     "tour": "class Verdict(BaseModel):",
     "batch": "from chatkit import send_batch, quorum",
     "probabilities": "probabilities=True",
+    "partials": ".partials():",
     "tools": "from chatkit import MaxStepsExceeded, tool",
     "mcp": "from chatkit import MCPToolset",
     "speculative": "speculative=True",
@@ -105,7 +106,7 @@ def _exec(name: str, namespace: dict[str, Any], replace: dict[str, str] | None =
 def guide() -> dict[str, Any]:
     """The tour's namespace after the tour, batch, tools and speculative blocks ran."""
     namespace: dict[str, Any] = {"__name__": "readme"}
-    for name in ("tour", "batch", "probabilities", "tools", "mcp", "speculative"):
+    for name in ("tour", "batch", "partials", "probabilities", "tools", "mcp", "speculative"):
         _exec(name, namespace)
     return namespace
 
@@ -122,6 +123,7 @@ def test_tour_blocks_run_in_order(guide: dict[str, Any]) -> None:
     assert isinstance(replies[2].parsed, guide["Contact"])
     result = guide["result"]
     assert result.decision in {"approve", "reject", "abstain"} or result.tie
+    assert guide["early"] == guide["partial_verdict"].decision  # the stream's final object
     dist, exact = guide["dist"], guide["exact"]
     assert abs(sum(dist.probabilities.values()) + dist.unaccounted - 1) < 1e-6
     assert exact.decision in {"approve", "reject", "abstain"} and exact.margin is not None
