@@ -172,7 +172,10 @@ class _Prefix:
 @dataclass
 class PartialReader(Generic[T]):
     """Feeds a schema (or tool-call) reply's text deltas; each :meth:`feed` is a
-    :class:`Partial`. ``model``: the Pydantic class of ``schema=`` (for ``object``)."""
+    :class:`Partial`. ``model``: the Pydantic class of ``schema=`` (for ``object``).
+
+    Cost: each step re-reads the reply so far (quadratic in its length: up to about a
+    millisecond per step for a 1,500-character reply)."""
 
     model: Any = None
     tools: bool = False
