@@ -15,6 +15,7 @@ one ``TokenLogprob`` reports).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -190,13 +191,9 @@ class Branching:
     prune: float = PRUNE
     passes: int = field(default=0, init=False)
 
-    def offsets(self) -> list[int]:
-        """Byte offset in the reply's text at which each reply token starts."""
-        out, at = [], 0
-        for tok in self.reply:
-            out.append(at)
-            at += len(self.engine.token_bytes(tok))
-        return out
+    def pieces(self) -> list[bytes]:
+        """Each reply token's bytes."""
+        return [self.engine.token_bytes(tok) for tok in self.reply]
 
 
 def choice_probabilities(b: Branching, schema: Any, answer: str, answer_start: int, *,
@@ -212,21 +209,22 @@ def choice_probabilities(b: Branching, schema: Any, answer: str, answer_start: i
             raise InvalidParameter("probabilities", f"{path!r} is not a field whose values "
                                    f"the schema enumerates ({', '.join(candidates) or 'none'})")
     spans = value_spans(answer.encode())
-    offsets = b.offsets()
+    pieces = b.pieces()
+    text = b"".join(pieces)
+    offsets = [0, *itertools.accumulate(len(p) for p in pieces)][:-1]
     out: dict[str, ChoiceProbabilities] = {}
     for path in wanted:
         if path not in spans:
             continue  # an optional field the reply left out
         start, end = spans[path]
-        out[path] = _distribution(b, path, candidates[path], offsets,
+        out[path] = _distribution(b, path, candidates[path], text, offsets,
                                   answer_start + start, json.loads(answer.encode()[start:end]))
     return out
 
 
-def _distribution(b: Branching, path: str, values: list[Any], offsets: list[int],
-                  value_start: int, chosen: Any) -> ChoiceProbabilities:
+def _distribution(b: Branching, path: str, values: list[Any], text: bytes,
+                  offsets: list[int], value_start: int, chosen: Any) -> ChoiceProbabilities:
     k = max(i for i, at in enumerate(offsets) if at <= value_start)
-    text = b"".join(b.engine.token_bytes(t) for t in b.reply)
     connector = text[offsets[k]:value_start]
     encodings = [(v, json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode())
                  for v in values]

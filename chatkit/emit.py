@@ -65,7 +65,7 @@ class TextEmitter:
         closed is identical to an earlier one of this reply, the reply ends before it (the
         grammar accepts there: calls then the stop token) and ``dropped_calls`` counts it."""
         blocks = [m.group(1) for m in CALL_BLOCK.finditer(self.text)]
-        if len(blocks) < 2 or not _same_call(blocks[-1], blocks[:-1]):
+        if len(blocks) < 2 or not same_call(blocks[-1], blocks[:-1]):
             return
         self.text = self.text[: self.text.rindex(CALL_OPEN)].rstrip("\n")
         self.dropped_calls += 1
@@ -83,7 +83,8 @@ class TextEmitter:
         return tail
 
 
-def _same_call(body: str, earlier: list[str]) -> bool:
+def same_call(body: str, earlier: list[str]) -> bool:
+    """Whether a call block's JSON ``body`` repeats one of ``earlier`` (as JSON values)."""
     def norm(text: str) -> str:
         try:
             return json.dumps(json.loads(text), sort_keys=True)

@@ -78,18 +78,16 @@ def check_options(options: dict[str, Any]) -> None:
         raise InvalidParameter(sorted(unknown)[0], "unknown send option")
 
 
-def check_max_tokens(value: int) -> int:
-    """``max_tokens`` (a reply's token limit): an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidParameter("max_tokens", f"must be >= 1, got {value!r}")
-    return value
-
-
 def check_positive(name: str, value: int) -> int:
-    """A count option other than ``max_tokens`` (``think_budget``, ``max_steps``) >= 1."""
+    """A count option (``think_budget``, ``max_steps`` ...): an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidParameter(name, f"must be >= 1, got {value!r}")
     return value
+
+
+def check_max_tokens(value: int) -> int:
+    """``max_tokens`` (a reply's token limit): an int >= 1."""
+    return check_positive("max_tokens", value)
 
 
 def stop_tuple(stop: str | Sequence[str]) -> tuple[str, ...]:

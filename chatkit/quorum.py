@@ -82,11 +82,8 @@ def quorum(model: Engine, prompt: str, *, schema: SchemaInput,
     """
     if options.get("method", "vote") == "probability":
         conv, path = _probability_lane(model, options)
-        try:
-            reply = conv.send(prompt, schema=schema, probabilities=[path])
-        except ChatkitError as exc:
-            return tally([exc], options.get("field", "decision"))
-        return _by_probability(reply, path)
+        return _by_probability(send_batch([(conv, prompt)], schema=schema, probabilities=[path],
+                                          return_exceptions=True)[0], path)
     convs = _lanes(model, options)
     replies = send_batch([(c, prompt) for c in convs], schema=schema, return_exceptions=True)
     return tally(replies, options.get("field", "decision"))
@@ -115,7 +112,11 @@ def _check_names(options: QuorumOptions) -> None:
         raise InvalidParameter("method", f"'vote' or 'probability', not {options['method']!r}")
 
 
-def _by_probability(reply: Reply[Any], path: str) -> QuorumResult:
+def _by_probability(reply: Reply[Any] | ChatkitError, path: str) -> QuorumResult:
+    """The lane's exact distribution of the field as a QuorumResult (its error as a failed
+    lane's)."""
+    if isinstance(reply, ChatkitError):
+        return tally([reply], path[1:])
     dist = (reply.choices or {})[path]
     return QuorumResult(decision=dist.decision, votes={}, verdicts=[reply.parsed],
                         replies=[reply], probabilities=dict(dist.probabilities),
@@ -127,11 +128,9 @@ async def aquorum(model: Engine, prompt: str, *, schema: SchemaInput,
     """``quorum`` for async code (the batch runs in a worker thread)."""
     if options.get("method", "vote") == "probability":
         conv, path = _probability_lane(model, options)
-        try:
-            reply = await conv.asend(prompt, schema=schema, probabilities=[path])
-        except ChatkitError as exc:
-            return tally([exc], options.get("field", "decision"))
-        return _by_probability(reply, path)
+        return _by_probability((await asend_batch([(conv, prompt)], schema=schema,
+                                                  probabilities=[path],
+                                                  return_exceptions=True))[0], path)
     convs = _lanes(model, options)
     replies = await asend_batch([(c, prompt) for c in convs], schema=schema,
                                 return_exceptions=True)

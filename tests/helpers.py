@@ -4,12 +4,13 @@ that let a test force what a real model would only probably do."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Any, Literal
 
@@ -301,3 +302,15 @@ def wait_until_serving(url: str, proc: subprocess.Popen[Any], *, timeout: float 
         assert proc.poll() is None and time.monotonic() < deadline, why()
         time.sleep(0.2)
 
+
+@contextlib.contextmanager
+def serving(command: list[str], base: str, health: str) -> Iterator[str]:
+    """A server process started from ``command``, ``base`` once ``base + health`` answers;
+    stopped on exit."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_serving(base + health, proc)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

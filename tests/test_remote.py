@@ -5,7 +5,6 @@ from a scripted HTTP server, and vLLM's CPU build behind the ``vllm`` marker."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -30,7 +29,7 @@ from chatkit import (
     tool,
 )
 from chatkit.server import ChatkitServer
-from tests.helpers import Script, completion, free_port, wait_until_serving
+from tests.helpers import Script, completion, free_port, serving
 from tests.test_server import NAME, _Running
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -239,17 +238,10 @@ def llama_cpp_server(smol: Model) -> Iterator[str]:
     pytest.importorskip("llama_cpp.server")
     pytest.importorskip("sse_starlette")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model",
-                             str(smol.path), "--port", str(port), "--n_ctx", "2048",
-                             "--model_alias", "smol"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(base + "/v1/models", proc)
+    with serving([sys.executable, "-m", "llama_cpp.server", "--model", str(smol.path),
+                  "--port", str(port), "--n_ctx", "2048", "--model_alias", "smol"],
+                 f"http://127.0.0.1:{port}", "/v1/models") as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 class _ServerVerdict(BaseModel):
@@ -369,16 +361,10 @@ def llama_server() -> Iterator[str]:
 
     assert LLAMA_SERVER is not None
     port = free_port()
-    proc = subprocess.Popen([LLAMA_SERVER, "-m", str(default_model_path()), "--host",
-                             "127.0.0.1", "--port", str(port), "-c", "2048", "-np", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(base + "/health", proc)
+    with serving([LLAMA_SERVER, "-m", str(default_model_path()), "--host", "127.0.0.1",
+                  "--port", str(port), "-c", "2048", "-np", "1"],
+                 f"http://127.0.0.1:{port}", "/health") as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.llama_server

@@ -330,6 +330,31 @@ def test_errors_have_openai_shape(server: _Running) -> None:
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
+def test_option_refusals_from_planning_are_400s_naming_the_field(server: _Running) -> None:
+    """The request parser checks the wire shape; what an option means beside the others
+    (stop strings beside a constraint, tool_choice against the tools, the threshold's range)
+    is refused where the library refuses it, and answered as a 400 naming the field."""
+    msgs = [{"role": "user", "content": "x"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"enum": ["y"]}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}}}}]
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("/v1/chat/completions", {"messages": msgs, "stop": "END", "response_format": fmt},
+         "stop"),
+        ("/v1/chat/completions", {"messages": msgs, "tool_choice": "required"}, "tool_choice"),
+        ("/v1/chat/completions", {"messages": msgs, "tools": tools,
+                                  "tool_call_threshold": 2}, "tool_call_threshold"),
+        ("/v1/chat/completions", {"messages": msgs, "tool_call_threshold": 0.5},
+         "tool_call_threshold"),
+        ("/v1/completions", {"prompt": "x", "stop": "END",
+                             "structured_outputs": {"regex": "[ab]"}}, "stop"),
+    ]
+    for path, body, param in cases:
+        r = httpx.post(server.base + path, json={"model": NAME, **body}, timeout=30)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, (body, r.text)
+
+
 def test_context_overflow_is_a_400(server: _Running) -> None:
     r = httpx.post(server.base + "/v1/chat/completions", timeout=60, json={
         "model": NAME, "max_tokens": 500,
