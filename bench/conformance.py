@@ -27,7 +27,7 @@ import llguidance
 import numpy as np
 
 from chatkit import ChatkitError, Constraint, Model
-from chatkit import schema as schema_module
+from chatkit import schema_check as schema_module
 from chatkit.schema import json_options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,13 +39,18 @@ def compact(value: Any) -> str:
 
 
 def accepts(c: Constraint, model: Model, text: str) -> bool:
+    """Accepted: the grammar takes every token and ends, and (a schema with value checks)
+    every check passes at the value boundaries the tokens cross, the stop token's
+    included."""
     c.reset()
     tokens = model.tokenize(text, special=False)
     if c.valid_prefix_len(tokens) != len(tokens):
         return False
     for t in tokens:
+        if not c.passes_checks(t):
+            return False
         c.commit(t)
-    return c.is_accepting()
+    return c.is_accepting() and c.passes_checks(c.stop_token)
 
 
 class Tally:
@@ -130,7 +135,7 @@ def replay(model: Model, schema: Any, tests: list[tuple[Any, bool, str]], tally:
             tally.false_rejects.append(label)
 
 
-def suite(model: Model) -> list[str]:
+def suite(model: Model, rejects: bool = False) -> list[str]:
     base = CORPORA / "json-schema-test-suite" / "draft2020-12"
     rows = []
     total = Tally()
@@ -146,11 +151,17 @@ def suite(model: Model) -> list[str]:
             setattr(total, attr, getattr(total, attr) + getattr(tally, attr))
         total.false_accepts += tally.false_accepts
         total.false_rejects += tally.false_rejects
+        for reason, n in tally.refusals.items():
+            total.refusals[f"{reason} ({path.stem})"] += n
         rows.append(tally.row(path.stem))
     out = ["| keyword | schemas covered | instances right | false accepts | false rejects |",
            "|---|---|---|---|---|", *rows, total.row("**all**")]
+    refused = sorted(total.refusals.items(), key=lambda kv: (-kv[1], kv[0]))
+    out += ["", "Refused: " + ", ".join(f"{k} x{v}" for k, v in refused)]
     if total.false_accepts:
         out += ["", "False accepts:"] + [f"- {x}" for x in total.false_accepts]
+    if rejects:
+        out += ["", "False rejects:"] + [f"- {x}" for x in total.false_rejects]
     return out
 
 
@@ -238,6 +249,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--suite", action="store_true")
     ap.add_argument("--maskbench", action="store_true")
+    ap.add_argument("--rejects", action="store_true", help="list the false rejects")
     ap.add_argument("--limit", type=int, default=400,
                     help="maskbench schemas (only the first 400, as sorted, are copied into\n"
                          "bench/corpora/maskbench-dev: a larger value reads no more)")
@@ -247,7 +259,7 @@ def main() -> None:
     print(f"{date.today()}, SmolLM2-135M tokenizer, compact JSON serialisation; "
           "corpora from bench/corpora")
     if args.suite or both:
-        print("\n".join(suite(model)))
+        print("\n".join(suite(model, args.rejects)))
         print()
     if args.maskbench or both:
         print("\n".join(maskbench(model, args.limit)))

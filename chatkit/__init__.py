@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     AllTokensMasked,
     ChatkitError,
+    ChecksExhausted,
     ConstraintError,
     ContextOverflow,
     DecodeError,
@@ -170,6 +171,7 @@ __all__ = [
     "ChatTemplate",
     "ChatkitError",
     "CheckingProcessor",
+    "ChecksExhausted",
     "ChoiceProbabilities",
     "ConstrainedSource",
     "Constraint",

@@ -26,8 +26,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from .checks import Checks, UnknownFormats, compile_relaxed
 from .engine import Vocabulary
 from .errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
+from .guard import Guard
 from .schema import (
     NUMBER_DIGITS,
     Digits,
@@ -60,151 +62,23 @@ def wants_slices(grammar: str) -> bool:
     return "maxLength" in grammar
 
 
-class Constraint:
-    """A grammar constraint; implements ``LogitProcessor`` once bound to a model.
+class GrammarSteps:
+    """A bound grammar's steps: masks (prefetched after each commit when a core is free),
+    ``allows``, ``commit``, ``rollback``, ``reset`` and the state queries, with the value
+    checks' guard when the schema has checks. :class:`Constraint` builds and binds it."""
 
-    Build with :meth:`json_schema`, :meth:`regex` or :meth:`lark` (refusals
-    are raised there, before any model work); bind with :meth:`bind` (or pass
-    ``model=``). One instance governs one stream; :meth:`clone` makes a fresh
-    copy for another stream without recompiling. Not thread-safe.
-    """
-
-    def __init__(self, kind: ConstraintKind, grammar: str, *, source: Any,
-                 reader: SchemaReader | None = None, stop_token: int | None = None) -> None:
-        self.kind: ConstraintKind = kind
-        self.grammar = grammar
-        self.source = source
-        self.reader = reader
-        self.stop_token_override = stop_token
-        self.model: Vocabulary | None = None
-        self.stop_token: int = -1
-        self._initial: Any = None
-        self._matcher: Any = None
-        self._mask: NDArray[np.int32] = np.zeros((1, 0), dtype=np.int32)
-        self._static: NDArray[np.int32] = np.zeros(0, dtype=np.int32)
-        self.prefetch: bool | None = None
-        """Compute the next mask in a worker thread right after each commit, so it
-        overlaps the model's forward pass (llama.cpp and llguidance release the GIL).
-        None (auto): only when the machine has a core llama.cpp's threads leave free."""
-        self.check_first = True
-        """Greedy selection asks :meth:`allows` about the unmasked argmax before
-        masking the row (exact; see ``Sampler._greedy_checked``). False: mask every step."""
-        self._next = _NextMask()
-        # Per grammar state, for allows(): -1 nothing forced, -2 forced bytes without a
-        # whole token, else the first canonical forced token. None: not computed yet.
-        self._forced: int | None = None
-        self._spare_core = False  # auto prefetch: a core the engine's threads leave free
-
-    # ------------------------------------------------------------ constructors
-    @classmethod
-    def json_schema(
-        cls,
-        schema: SchemaInput | LoadedSchema,
-        *,
-        model: Vocabulary | None = None,
-        whitespace: Whitespace = "compact",
-        stop_token: int | None = None,
-        digits: Digits = NUMBER_DIGITS,
-    ) -> Constraint:
-        """JSON conforming to ``schema`` (dict, JSON text, bool or Pydantic model class).
-
-        ``digits`` bounds the numbers the model may write (integer, fractional digits; see
-        ``chatkit.schema.NUMBER_DIGITS``; None: unbounded). Raises ``SchemaInvalid`` or
-        ``SchemaUnsupported(keyword, path)``.
-        """
-        loaded = load_schema(schema)
-        grammar, check_now = _schema_grammar(loaded.doc, whitespace, digits,
-                                             bound=model is not None)
-        made = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
-                   stop_token=stop_token)
-        return made if model is None else cls._bind(made, model, None, first_mask_now=check_now)
-
-    @classmethod
-    def regex(cls, pattern: str, *, model: Vocabulary | None = None,
-              stop_token: int | None = None) -> Constraint:
-        """Text matching ``pattern`` in full (Rust regex syntax). Raises ``GrammarInvalid``."""
-        made = cls("regex", _regex_grammar(pattern), source=pattern, stop_token=stop_token)
-        return made.bind(model) if model is not None else made
-
-    @classmethod
-    def lark(cls, grammar: str, *, model: Vocabulary | None = None,
-             stop_token: int | None = None) -> Constraint:
-        """Text derived from a Lark grammar (llguidance dialect). Raises ``GrammarInvalid``."""
-        made = cls("lark", _lark_grammar(grammar), source=grammar, stop_token=stop_token)
-        return made.bind(model) if model is not None else made
-
-    # ----------------------------------------------------------------- binding
-    def bind(self, model: Vocabulary, stop_token: int | None = None) -> Constraint:
-        """Attach to ``model`` (self when unbound or already bound to it, else a copy).
-
-        ``stop_token`` (default: the constructor's, else the model's end-of-turn
-        id) is the only token allowed once the grammar completes.
-        """
-        return self._bind(model, stop_token, first_mask_now=False)
-
-    def _bind(self, model: Vocabulary, stop_token: int | None, *,
-              first_mask_now: bool) -> Constraint:
-        """:meth:`bind`; ``first_mask_now``: compute the first mask at once, not in the
-        background, and refuse by name a grammar whose language is empty (a ``$ref`` cycle
-        without a base case errors there); the mask is kept for the first step."""
-        stop = stop_token if stop_token is not None else self.stop_token_override
-        stop = stop if stop is not None else model.eot_id
-        if self.model is model and stop == self.stop_token:
-            return self
-        if self.model is not None:
-            other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader)
-            return other.bind(model, stop)
-        import llguidance.numpy
-
-        matcher = _new_matcher(model, self.grammar, stop)
-        if matcher.is_error():
-            raise _matcher_refusal(self.kind, self.source, matcher.get_error())
-        self.model = model
-        self.stop_token = stop
-        self._initial = matcher
-        self._matcher = matcher.deep_copy()
-        self._mask = llguidance.numpy.allocate_token_bitmask(1, model.n_vocab)
-        self._static = model.grammar_token_words()
-        self._spare_core = _spare_core(model)
-        if first_mask_now:
-            self._first_mask()
-        else:
-            self._schedule()
-        return self
-
-    def _first_mask(self) -> None:
-        """Compute the initial state's mask now and keep it for the first step (no prefetch)."""
-        self._forced = None
-        words = self._fill()
-        if words is None:
-            problem = matcher_problem(str(self._matcher.get_error()))
-            raise _matcher_refusal(self.kind, self.source, problem)
-        assert self.model is not None
-        self._next.keep(prepare_bitmask(words, self.model.n_vocab))
-
-    def check_start(self) -> None:
-        """Compute the first mask now (kept for the first step); raise the named refusal
-        (``GrammarInvalid``, or the schema's) of a grammar that errors there: too large to run
-        (llguidance's limits) or an empty language. Bound, initial-state constraints only."""
-        self._live()  # a mask computed in the background has finished with the matcher
-        self._first_mask()
-
-    def clone(self) -> Constraint:
-        """A fresh copy (initial state) bound to the same model; no recompilation."""
-        other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader,
-                           stop_token=self.stop_token_override)
-        if self.model is not None:
-            other.model = self.model
-            other.stop_token = self.stop_token
-            other._initial = self._initial
-            other._matcher = self._initial.deep_copy()
-            other._mask = np.empty_like(self._mask)
-            other._static = self._static
-            other._spare_core = self._spare_core
-            other.prefetch = self.prefetch
-            other.check_first = self.check_first
-            other._schedule()
-        return other
+    model: Vocabulary | None
+    stop_token: int
+    prefetch: bool | None
+    check_first: bool
+    _initial: Any
+    _matcher: Any
+    _mask: NDArray[np.int32]
+    _static: NDArray[np.int32]
+    _next: _NextMask
+    _forced: int | None
+    _spare_core: bool
+    _guard: Guard | None
 
     def _live(self) -> Any:
         """The matcher, after any in-flight mask computation has finished with it."""
@@ -240,6 +114,8 @@ class Constraint:
         if prepared is None or m.is_error():
             raise ConstraintError(m.get_error() or "grammar matcher error")
         apply_prepared(logits, prepared)
+        if self._guard is not None:  # may roll back: raises Rollback
+            self._guard.filter(logits, self.rollback)
 
     def allows(self, token: int) -> bool:
         """Whether the mask :meth:`process` would apply now lets ``token`` through (pure).
@@ -250,6 +126,9 @@ class Constraint:
         m = self._live()
         if not _bit_set(self._static, token):
             return False  # padding ids, or not a token id
+        guard = self._guard
+        if guard is not None and not guard.allows(token):
+            return False
         if token == self.stop_token:  # validate_tokens never takes the EOS; the mask does
             return bool(m.is_accepting())
         if self._forced is None:
@@ -264,20 +143,28 @@ class Constraint:
     def commit(self, token: int) -> None:
         """Advance the grammar by the selected token. Raises ``ConstraintError`` if refused."""
         m = self._live()
+        guard = self._guard
+        choice = guard is None or not m.compute_ff_bytes()
         if not m.consume_token(token):
             raise ConstraintError(m.get_error() or f"token {token} refused by the grammar")
+        if guard is not None:
+            guard.commit(token, choice=choice)
         self._schedule()
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` commits (llguidance's matcher rollback)."""
         if not self._live().rollback(n):
             raise ConstraintError(f"cannot roll back {n} tokens")
+        if self._guard is not None:
+            self._guard.rollback(n)
         self._schedule()
 
     def reset(self) -> None:
         """Back to the initial state (start of an assistant turn)."""
         self._live()
         self._matcher = self._initial.deep_copy()
+        if self._guard is not None:
+            self._guard.reset()
         self._schedule()
 
     def forced_tokens(self) -> list[int]:
@@ -292,6 +179,16 @@ class Constraint:
         """How many leading tokens of ``draft`` the grammar accepts, in order (pure)."""
         return int(self._live().validate_tokens(list(draft)))
 
+    def passes_checks(self, token: int) -> bool:
+        """Whether the value checks let ``token`` through now (True without checks); with
+        the grammar's own verdict, what a checked constraint accepts (pure)."""
+        return self._guard is None or self._guard.allows(token)
+
+    @property
+    def rollbacks(self) -> int:
+        """Rollbacks the value checks made in this reply (0 without checks)."""
+        return self._guard.rollbacks if self._guard is not None else 0
+
     # ------------------------------------------------------------------ state
     def is_accepting(self) -> bool:
         """The text so far is a complete match (the stop token is allowed now)."""
@@ -304,6 +201,181 @@ class Constraint:
     def captures(self) -> list[tuple[str, bytes]]:
         """Named captures of the grammar so far (Lark ``rule[capture]``), in order."""
         return list(self._live().get_captures())
+
+
+class Constraint(GrammarSteps):
+    """A grammar constraint; implements ``LogitProcessor`` once bound to a model.
+
+    Build with :meth:`json_schema`, :meth:`regex` or :meth:`lark` (refusals
+    are raised there, before any model work); bind with :meth:`bind` (or pass
+    ``model=``). One instance governs one stream; :meth:`clone` makes a fresh
+    copy for another stream without recompiling. Not thread-safe.
+    """
+
+    def __init__(self, kind: ConstraintKind, grammar: str, *, source: Any,
+                 reader: SchemaReader | None = None, stop_token: int | None = None,
+                 checks: Checks | None = None) -> None:
+        self.kind: ConstraintKind = kind
+        self.grammar = grammar
+        self.source = source
+        self.reader = reader
+        self.checks = checks
+        """The value checks of what the grammar was relaxed on (None: the grammar enforces
+        the whole schema). See :mod:`chatkit.checks`."""
+        self._guard: Guard | None = None
+        self.stop_token_override = stop_token
+        self.model: Vocabulary | None = None
+        self.stop_token: int = -1
+        self._initial: Any = None
+        self._matcher: Any = None
+        self._mask: NDArray[np.int32] = np.zeros((1, 0), dtype=np.int32)
+        self._static: NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+        self.prefetch: bool | None = None
+        """Compute the next mask in a worker thread right after each commit, so it
+        overlaps the model's forward pass (llama.cpp and llguidance release the GIL).
+        None (auto): only when the machine has a core llama.cpp's threads leave free."""
+        self.check_first = True
+        """Greedy selection asks :meth:`allows` about the unmasked argmax before
+        masking the row (exact; see ``Sampler._greedy_checked``). False: mask every step."""
+        self._next = _NextMask()
+        # Per grammar state, for allows(): -1 nothing forced, -2 forced bytes without a
+        # whole token, else the first canonical forced token. None: not computed yet.
+        self._forced: int | None = None
+        self._spare_core = False  # auto prefetch: a core the engine's threads leave free
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def json_schema(
+        cls,
+        schema: SchemaInput | LoadedSchema,
+        *,
+        model: Vocabulary | None = None,
+        whitespace: Whitespace = "compact",
+        stop_token: int | None = None,
+        digits: Digits = NUMBER_DIGITS,
+        unknown_formats: UnknownFormats = "annotate",
+        max_rollbacks: int = 32,
+    ) -> Constraint:
+        """JSON conforming to ``schema`` (dict, JSON text, bool or Pydantic model class).
+
+        Keywords the grammar cannot express (``not``, ``if``/``then``/``else``,
+        ``uniqueItems``, ``contains``, ``dependentRequired``, ``propertyNames``, overlapping
+        ``oneOf``, ...) are enforced by value checks (``checks``): a token that would
+        complete a failing value is masked, and when nothing valid is left the reply rolls
+        back to a value start, at most ``max_rollbacks`` times per reply
+        (``ChecksExhausted`` past it). A ``format`` neither llguidance nor ``jsonschema``
+        knows is an annotation (logged), or refused with ``unknown_formats="refuse"``.
+
+        ``digits`` bounds the numbers the model may write (integer, fractional digits; see
+        ``chatkit.schema.NUMBER_DIGITS``; None: unbounded). Raises ``SchemaInvalid`` or
+        ``SchemaUnsupported(keyword, path)``.
+        """
+        loaded = load_schema(schema)
+        made, checks = compile_relaxed(
+            loaded.doc, lambda doc: _schema_constraint(loaded, doc, model, whitespace, digits,
+                                                       stop_token),
+            unknown_formats=unknown_formats)
+        if checks is not None:
+            checks.budget = max_rollbacks
+            made.attach_checks(checks)
+        return made
+
+    @classmethod
+    def regex(cls, pattern: str, *, model: Vocabulary | None = None,
+              stop_token: int | None = None) -> Constraint:
+        """Text matching ``pattern`` in full (Rust regex syntax). Raises ``GrammarInvalid``."""
+        made = cls("regex", _regex_grammar(pattern), source=pattern, stop_token=stop_token)
+        return made.bind(model) if model is not None else made
+
+    @classmethod
+    def lark(cls, grammar: str, *, model: Vocabulary | None = None,
+             stop_token: int | None = None) -> Constraint:
+        """Text derived from a Lark grammar (llguidance dialect). Raises ``GrammarInvalid``."""
+        made = cls("lark", _lark_grammar(grammar), source=grammar, stop_token=stop_token)
+        return made.bind(model) if model is not None else made
+
+    # ----------------------------------------------------------------- binding
+    def bind(self, model: Vocabulary, stop_token: int | None = None) -> Constraint:
+        """Attach to ``model`` (self when unbound or already bound to it, else a copy).
+
+        ``stop_token`` (default: the constructor's, else the model's end-of-turn
+        id) is the only token allowed once the grammar completes.
+        """
+        return self._bind(model, stop_token, first_mask_now=False)
+
+    def _bind(self, model: Vocabulary, stop_token: int | None, *,
+              first_mask_now: bool) -> Constraint:
+        """:meth:`bind`; ``first_mask_now``: compute the first mask at once, not in the
+        background, and refuse by name a grammar whose language is empty (a ``$ref`` cycle
+        without a base case errors there); the mask is kept for the first step."""
+        stop = stop_token if stop_token is not None else self.stop_token_override
+        stop = stop if stop is not None else model.eot_id
+        if self.model is model and stop == self.stop_token:
+            return self
+        if self.model is not None:
+            other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader,
+                               checks=self.checks)
+            return other.bind(model, stop)
+        import llguidance.numpy
+
+        matcher = _new_matcher(model, self.grammar, stop)
+        if matcher.is_error():
+            raise _matcher_refusal(self.kind, self.source, matcher.get_error())
+        self.model = model
+        self.stop_token = stop
+        self._initial = matcher
+        self._matcher = matcher.deep_copy()
+        self._mask = llguidance.numpy.allocate_token_bitmask(1, model.n_vocab)
+        self._static = model.grammar_token_words()
+        self._spare_core = _spare_core(model)
+        self.attach_checks()
+        if first_mask_now:
+            self._first_mask()
+        else:
+            self._schedule()
+        return self
+
+    def attach_checks(self, checks: Checks | None = None) -> None:
+        """Enforce ``checks`` (default: this constraint's own) with a fresh guard, if bound:
+        the value checks of what the grammar was relaxed on (:meth:`json_schema`)."""
+        self.checks = checks if checks is not None else self.checks
+        if self.checks is not None and self.model is not None:
+            self._guard = Guard(self.checks, self.model, self.stop_token)
+
+    def _first_mask(self) -> None:
+        """Compute the initial state's mask now and keep it for the first step (no prefetch)."""
+        self._forced = None
+        words = self._fill()
+        if words is None:
+            problem = matcher_problem(str(self._matcher.get_error()))
+            raise _matcher_refusal(self.kind, self.source, problem)
+        assert self.model is not None
+        self._next.keep(prepare_bitmask(words, self.model.n_vocab))
+
+    def check_start(self) -> None:
+        """Compute the first mask now (kept for the first step); raise the named refusal
+        (``GrammarInvalid``, or the schema's) of a grammar that errors there: too large to run
+        (llguidance's limits) or an empty language. Bound, initial-state constraints only."""
+        self._live()  # a mask computed in the background has finished with the matcher
+        self._first_mask()
+
+    def clone(self) -> Constraint:
+        """A fresh copy (initial state) bound to the same model; no recompilation."""
+        other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader,
+                           stop_token=self.stop_token_override, checks=self.checks)
+        if self.model is not None:
+            other.model = self.model
+            other.stop_token = self.stop_token
+            other._initial = self._initial
+            other._matcher = self._initial.deep_copy()
+            other._mask = np.empty_like(self._mask)
+            other._static = self._static
+            other._spare_core = self._spare_core
+            other.prefetch = self.prefetch
+            other.check_first = self.check_first
+            other.attach_checks()
+            other._schedule()
+        return other
 
     def __repr__(self) -> str:
         bound = self.model.name if self.model is not None else "unbound"
@@ -337,6 +409,17 @@ def _schema_grammar(doc: dict[str, Any] | bool, whitespace: Whitespace, digits: 
         return compile_json_schema(doc, whitespace, digits), False
     compiled = json_grammar(doc, whitespace, digits)
     return compiled.grammar, compiled.may_be_empty
+
+
+def _schema_constraint(loaded: LoadedSchema, doc: dict[str, Any] | bool,
+                       model: Vocabulary | None, whitespace: Whitespace, digits: Digits,
+                       stop_token: int | None) -> Constraint:
+    """A constraint of ``loaded`` compiled from ``doc`` (the schema, or a relaxed copy),
+    bound to ``model`` when given. Raises the schema's refusals."""
+    grammar, check_now = _schema_grammar(doc, whitespace, digits, bound=model is not None)
+    made = Constraint("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
+                      stop_token=stop_token)
+    return made if model is None else made._bind(model, None, first_mask_now=check_now)
 
 
 def _lark_grammar(grammar: str) -> str:

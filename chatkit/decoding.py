@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .engine import SAFE_PREFILL_CHUNK, SAFE_VERIFY_KV, SeqChunk, StepEngine
-from .errors import InvalidParameter
-from .messages import FinishReason
+from .errors import ChecksExhausted, InvalidParameter
+from .messages import FinishReason, Usage
 from .options import check_max_tokens
-from .sampling import GrammarProcessor, Logits, Sampler
+from .sampling import GrammarProcessor, Logits, Rollback, Sampler
 
 if TYPE_CHECKING:
     from .speculative import CostGate, DraftSource
@@ -123,6 +123,8 @@ class Decoder:
         processor: ``tool_choice="auto"`` decided by threshold)."""
         self.drafted = 0  # speculative draft tokens verified
         self.accepted = 0  # ... and accepted
+        self.rollbacks = 0
+        """Times the processor took tokens back (a schema's value checks: ``Rollback``)."""
         self._t0 = 0.0
         self._first = 0.0
         self._end = 0.0
@@ -237,31 +239,17 @@ class Decoder:
                 self.model.seq_rm(self.seq_id, keep, -1)
         return out
 
-    def speculate(self, source: DraftSource, k: int, gate: CostGate | None = None, *,
-                  max_kv: int | None = SAFE_VERIFY_KV) -> list[int]:
-        """One speculative step: up to ``k`` tokens proposed by ``source`` (none while
-        ``gate`` says no, or once the verify batch would reach ``max_kv`` cells, where its
-        logits stop being bitwise equal to single steps), verified by :meth:`spec_step`;
-        the source hears how many were rejected, the gate what was accepted (and how long
-        it took). Returns the tokens sampled."""
-        k = min(k, self.max_tokens - len(self.tokens) - 1)
-        if max_kv is not None:
-            k = min(k, max_kv - len(self.history) - 1)
-        draft = source.propose(self.history, k) if k > 0 and (gate is None or gate.allow()) \
-            else []
-        before = self.accepted
-        started = time.perf_counter()
-        toks = self.spec_step(draft)
-        accepted = self.accepted - before
-        if gate is not None:
-            gate.record(len(draft), accepted, seconds=time.perf_counter() - started,
-                        tokens=len(toks))
-        if accepted < len(draft):
-            source.truncated(len(draft) - accepted)
-        return toks
-
     def _take(self, row: Logits) -> int | None:
-        tok = self.sampler.next(row, self.history)
+        """Sample from ``row``; None when the reply ended, or when the processor rolled
+        back (the next ``chunk()`` then evaluates the last token kept)."""
+        try:
+            tok = self.sampler.next(row, self.history)
+        except Rollback as rb:
+            self._roll_back(rb.drop)
+            return None
+        except ChecksExhausted as exc:
+            exc.usage = usage_of(self)
+            raise
         if tok in self.stops:
             self.stop_token = tok
             proc = self.sampler.processor
@@ -278,6 +266,23 @@ class Decoder:
             self._pending = tok
         return tok
 
+    def _roll_back(self, drop: int) -> None:
+        """Drop the last ``drop`` reply tokens and their KV cells, and the last token kept
+        too (re-evaluated by the next ``chunk()`` for the row to sample from again)."""
+        keep = len(self.tokens) - drop
+        if drop <= 0 or keep < 0:
+            raise InvalidParameter("rollback", f"cannot drop {drop} of {len(self.tokens)} "
+                                   "reply tokens")
+        self.rollbacks += 1
+        del self.tokens[keep:]
+        del self.history[len(self.prompt) + keep:]
+        del self.logprobs[keep:]
+        self._evaluated = keep - 1  # -1: the prompt's last token is evaluated again
+        self._pending = self.tokens[-1] if keep else self.prompt[-1]
+        if self.seq_id >= 0:
+            with self.model.lock:
+                self.model.seq_rm(self.seq_id, len(self.prompt) + keep - 1, -1)
+
     def finish(self, cause: EndCause) -> None:
         """End the reply now (idempotent: the first cause wins)."""
         if self.end is None:
@@ -288,6 +293,8 @@ class Decoder:
         """Tokens held in the KV sequence: the prompt and every evaluated reply token."""
         if self._held < len(self.prompt):
             return self.prompt[: self._held]
+        if self._evaluated < 0:  # mid-rollback to the reply's first token
+            return self.prompt[:-1]
         return self.prompt + self.tokens[: self._evaluated]
 
     def result(self) -> Generation:
@@ -305,6 +312,45 @@ class Decoder:
             draft_tokens=self.drafted,
             accepted_draft_tokens=self.accepted,
         )
+
+
+def speculate(dec: Decoder, source: DraftSource, k: int, gate: CostGate | None = None, *,
+              max_kv: int | None = SAFE_VERIFY_KV) -> list[int]:
+    """One speculative step of ``dec``: up to ``k`` tokens proposed by ``source`` (none while
+    ``gate`` says no, or once the verify batch would reach ``max_kv`` cells, where its
+    logits stop being bitwise equal to single steps), verified by ``Decoder.spec_step``;
+    the source hears how many were rejected, the gate what was accepted (and how long
+    it took). Returns the tokens sampled."""
+    k = min(k, dec.max_tokens - len(dec.tokens) - 1)
+    if max_kv is not None:
+        k = min(k, max_kv - len(dec.history) - 1)
+    draft = source.propose(dec.history, k) if k > 0 and (gate is None or gate.allow()) \
+        else []
+    before = dec.accepted
+    started = time.perf_counter()
+    toks = dec.spec_step(draft)
+    accepted = dec.accepted - before
+    if gate is not None:
+        gate.record(len(draft), accepted, seconds=time.perf_counter() - started,
+                    tokens=len(toks))
+    if accepted < len(draft):
+        source.truncated(len(draft) - accepted)
+    return toks
+
+
+def usage_of(dec: Decoder) -> Usage:
+    """Token counts and timings of a decode so far."""
+    gen = dec.result()
+    return Usage(
+        prompt_tokens=gen.prompt_tokens,
+        completion_tokens=len(gen.tokens),
+        cached_prompt_tokens=gen.prompt_tokens - gen.prompt_tokens_evaluated,
+        prompt_seconds=gen.first_token_seconds,
+        total_seconds=gen.seconds,
+        draft_tokens=dec.drafted,
+        accepted_draft_tokens=dec.accepted,
+        rollbacks=dec.rollbacks,
+    )
 
 
 def generate(
@@ -342,6 +388,6 @@ def generate(
         if draft is None:
             dec.step()
             continue
-        dec.speculate(draft, draft_k, gate, max_kv=max_kv)
+        speculate(dec, draft, draft_k, gate, max_kv=max_kv)
     return dec.result()
 

@@ -43,7 +43,10 @@ status::
         │                                  (text, errors)
         ├── ToolArgumentsInvalid (34, 500) a tool call whose arguments fail validation
         │                                  (name, errors)
-        └── MaxStepsExceeded (35, 500)     the agent loop hit max_steps (transcript)
+        ├── MaxStepsExceeded (35, 500)     the agent loop hit max_steps (transcript)
+        └── ChecksExhausted (36, 500)      a schema's value checks found no valid
+                                           continuation within the rollback budget
+                                           (keywords, path, rollbacks)
 
 The OpenAI error fields (``chatkit.openai_api.translate_error`` reads them):
 
@@ -79,6 +82,7 @@ from typing import Any, ClassVar, Final
 __all__ = [
     "AllTokensMasked",
     "ChatkitError",
+    "ChecksExhausted",
     "ConstraintError",
     "ContextOverflow",
     "DecodeError",
@@ -416,3 +420,22 @@ class MaxStepsExceeded(GenerationError):
         super().__init__(f"no final answer after {max_steps} steps")
         self.max_steps = max_steps
         self.transcript = transcript
+
+
+class ChecksExhausted(GenerationError):
+    """A schema's value checks (the keywords its grammar cannot express: ``not``,
+    ``uniqueItems``, ...) rejected every continuation the model offered, and the rollbacks
+    allowed per reply are spent; ``text`` is the reply so far (unchecked, not a success)."""
+
+    exit_code = 36
+
+    def __init__(self, text: str, keywords: tuple[str, ...], path: str,
+                 rollbacks: int) -> None:
+        super().__init__(f"no value at {path or '/'} passed its checks "
+                         f"({', '.join(keywords)}) after {rollbacks} rollbacks")
+        self.text = text
+        self.keywords = keywords
+        self.path = path
+        self.rollbacks = rollbacks
+        self.usage: Any = None
+        """The reply's ``chatkit.Usage`` so far (None where no decode loop ran)."""

@@ -172,6 +172,9 @@ class Usage:
     """Speculative draft tokens verified (``speculative=True``)."""
     accepted_draft_tokens: int = 0
     """... and accepted."""
+    rollbacks: int = 0
+    """Times a schema's value checks took tokens back (``not``, ``uniqueItems``, ...: see
+    ``Constraint.json_schema``); the tokens taken back are not counted above."""
 
     @property
     def evaluated_prompt_tokens(self) -> int:

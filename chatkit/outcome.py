@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from . import decoding
 from .constraints import Constraint
 from .decoding import Decoder, decide_finish
 from .errors import SchemaViolation, Truncated
@@ -19,16 +20,7 @@ _log = logging.getLogger("chatkit")
 
 def usage_of(d: Decoder) -> Usage:
     """Token counts and timings of a decode so far."""
-    gen = d.result()
-    return Usage(
-        prompt_tokens=gen.prompt_tokens,
-        completion_tokens=len(gen.tokens),
-        cached_prompt_tokens=gen.prompt_tokens - gen.prompt_tokens_evaluated,
-        prompt_seconds=gen.first_token_seconds,
-        total_seconds=gen.seconds,
-        draft_tokens=d.drafted,
-        accepted_draft_tokens=d.accepted,
-    )
+    return decoding.usage_of(d)
 
 
 def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: str, *,

@@ -102,6 +102,17 @@ class SamplingParams:
         )
 
 
+class Rollback(Exception):
+    """Raised by a processor's ``process`` (nothing selected, nothing committed): it has
+    undone its last ``drop`` commits, and the decode loop drops those tokens too and
+    samples again from the row after the tokens kept (``chatkit.guard``: a value check
+    left no valid token)."""
+
+    def __init__(self, drop: int) -> None:
+        super().__init__(f"roll back {drop} tokens")
+        self.drop = drop
+
+
 @runtime_checkable
 class LogitProcessor(Protocol):
     """Hooks the sampler. Implementations: ``chatkit.Constraint``, test recorders.

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .decoding import Decoder
+from .decoding import Decoder, speculate
 from .emit import TextEmitter
 from .engine import Engine, GenerateRequest, SeqChunk, StepEngine
-from .errors import EngineBusy, InvalidParameter
+from .errors import EngineBusy, InvalidParameter, RemoteUnsupported
 from .messages import Message, Reply, Usage
 from .outcome import reply_of, usage_of
 from .plan import TurnPlan, common_prefix, request_for
@@ -68,6 +68,7 @@ class TurnView:
                       else PromptLookupSource())
         self.emitter = TextEmitter(engine, plan.stop_strings, tools=bool(plan.tools))
         self._dec: Decoder | None = None
+        self._fed = False  # a checked reply's tokens went to the emitter (at the end)
         self.seq: int | None = None
         self._added: list[Message] = []  # checked, not yet recorded (see complete)
         self.reply: Reply[Any] | None = None
@@ -250,7 +251,7 @@ class Turn(TurnView):
         if self.draft is None:
             return self._emit(d.step())
         out = ""
-        for tok in d.speculate(self.draft, SPEC_K, self.gate):
+        for tok in speculate(d, self.draft, SPEC_K, self.gate):
             if self.emitter.cut:
                 break
             out += self._emit(tok)
@@ -284,8 +285,15 @@ class Turn(TurnView):
         """A remote engine stopped at its own limit: the reply ends (no-op when done)."""
         self.decoder.finish("length")
 
+    @property
+    def checked(self) -> bool:
+        """The reply's grammar has value checks (which may take tokens back): its text is
+        held back until the reply is complete."""
+        c = self.constraint
+        return c is not None and c.checks is not None
+
     def _emit(self, tok: int | None) -> str:
-        if tok is None:
+        if tok is None or self.checked:
             return ""
         delta = self.emitter.feed(tok)
         if self.emitter.cut:
@@ -293,13 +301,25 @@ class Turn(TurnView):
         return delta
 
     def generate_request(self) -> GenerateRequest:
-        """The turn as a coarse engine's request (see :func:`chatkit.plan.request_for`)."""
+        """The turn as a coarse engine's request (see :func:`chatkit.plan.request_for`).
+        ``RemoteUnsupported`` for a schema with value checks: a remote engine cannot take
+        tokens back."""
+        c = self.constraint
+        if c is not None and c.checks is not None:
+            raise RemoteUnsupported(str(getattr(self.engine, "kind", "remote")),
+                                    f"a schema whose {', '.join(c.checks.keywords)} need "
+                                    "value checks with rollback (it cannot take tokens back)")
         return request_for(self.plan, self.constraint)
 
     # ---------------------------------------------------------------- outcome
     def flush(self) -> str:
-        """Text withheld at the end (a partial stop string, an unfinished character)."""
-        return self.emitter.flush()
+        """Text withheld at the end (a partial stop string, an unfinished character; a
+        checked reply's whole text)."""
+        text = ""
+        if self.checked and self._dec is not None and not self._fed:
+            self._fed = True
+            text = "".join(self.emitter.feed(t) for t in self._dec.tokens)
+        return text + self.emitter.flush()
 
     def finish(self, *, record: bool = True) -> tuple[str, Reply[Any]]:
         """The withheld tail and the checked, recorded Reply (see :meth:`complete`)."""

@@ -150,6 +150,14 @@ class Biased:
     def prefill(self, seq: int, tokens: Sequence[int], pos: int = 0, **kw: Any) -> np.ndarray:
         return self._bias(self._model.prefill(seq, tokens, pos, **kw))
 
+    def cache(self, key: Any, build: Any) -> Any:
+        """Its own per-engine cache: an engine loop or a compiled grammar made for the
+        wrapped model would decode without the bias."""
+        cached = self.__dict__.setdefault("_cache", {})
+        if key not in cached:
+            cached[key] = build()
+        return cached[key]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 

@@ -43,6 +43,7 @@ EXPECTED = {
     "SchemaViolation": (500, "server_error", "SchemaViolation", None),
     "ToolArgumentsInvalid": (500, "server_error", "ToolArgumentsInvalid", None),
     "MaxStepsExceeded": (500, "server_error", "MaxStepsExceeded", None),
+    "ChecksExhausted": (500, "server_error", "ChecksExhausted", None),
 }
 
 

@@ -1,0 +1,418 @@
+"""Value checks while decoding (:class:`Guard`): the other half of :mod:`chatkit.checks`.
+
+The grammar (relaxed) keeps the committed text a prefix of a JSON document, so a small
+incremental scanner over the committed bytes knows where each value starts and ends, and
+its JSON pointer. When a token would complete a value that has a check (a string's
+closing quote, a number's delimiter, an array's ``]``, an object's ``}``, the stop token
+after a root number), the value is checked first; a token that would complete a failing
+value is masked like a token the grammar forbids. Where the mask then leaves nothing, the
+guard picks a rollback: back to the latest value start inside the failing value, that
+token banned at that position, and decoding resumes from there (the decode loop drops the
+tokens and their KV cells). Rollbacks per reply are bounded (``Checks.budget``); past the
+budget the reply fails with ``ChecksExhausted``, never with an unchecked success.
+
+Cost: nothing when the schema has no checks (no guard). With checks, each committed token
+is scanned (a few microseconds); a mask is filtered only while a checked value is open or
+could start, and only the tokens the grammar allows that contain ``"``, ``,``, ``]`` or
+``}`` are simulated (plus the stop token).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .checks import Check, Checks
+from .engine import Vocabulary
+from .errors import ChecksExhausted
+from .sampling import Rollback
+from .schema_walk import escape
+
+__all__: list[str] = []
+
+# Frame fields: [kind, path, start, state, key, count]
+KIND, PATH, START, STATE, KEY, COUNT = range(6)
+OBJ, ARR = 0, 1
+FIRST, KEYS, COLON, VALUE, COMMA = range(5)
+# Open scalar: [kind, start, escaped, key bytes, path]
+STR, KEYSTR, WORD = 0, 1, 2
+
+_QUOTE, _BS, _COLON, _COMMA = ord('"'), ord("\\"), ord(":"), ord(",")
+_LBRACE, _RBRACE, _LBRACKET, _RBRACKET = ord("{"), ord("}"), ord("["), ord("]")
+_WS = frozenset(b" \t\r\n")
+_DELIMS = frozenset(b",]} \t\r\n")
+_CLOSERS = b'",]}'
+STUCK_STEPS = 16
+"""Steps an open string may go on while each of its ends fails its checks (a ``format``
+the text so far cannot meet) before the guard rolls it back."""
+
+Path = tuple[str | int, ...]
+Done = tuple[Path, int, int, Path | None, int]
+"""A completed value: path, start, end (byte offsets), its parent array's path and start
+(None, -1: not in an array)."""
+
+
+class Scan:
+    """Where a prefix of a JSON document is: open containers and the open scalar."""
+
+    __slots__ = ("done", "scalar", "stack")
+
+    def __init__(self) -> None:
+        self.stack: list[list[Any]] = []
+        self.scalar: list[Any] | None = None
+        self.done = False
+
+    def copy(self) -> Scan:
+        other = Scan()
+        other.stack = [f[:] for f in self.stack]
+        sc = self.scalar
+        if sc is not None:
+            other.scalar = [sc[0], sc[1], sc[2], bytearray(sc[3]) if sc[3] is not None
+                            else None, sc[4]]
+        other.done = self.done
+        return other
+
+    def open_paths(self) -> list[Path]:
+        paths = [f[PATH] for f in self.stack]
+        if self.scalar is not None and self.scalar[0] != KEYSTR:
+            paths.append(self.scalar[4])
+        return paths
+
+    def next_path(self) -> Path | None:
+        """The path of the value that starts next at this level (None: none can)."""
+        if not self.stack:
+            return None if self.done else ()
+        top = self.stack[-1]
+        if top[KIND] == ARR:
+            return (*top[PATH], top[COUNT])
+        return (*top[PATH], top[KEY]) if top[STATE] == VALUE else top[PATH]
+
+    def feed(self, data: bytes, base: int, starts: list[int] | None, done: list[Done]
+             ) -> None:
+        """Scan ``data`` (at byte offset ``base``): value starts into ``starts``,
+        completed values into ``done``."""
+        for j, c in enumerate(data):
+            sc = self.scalar
+            if sc is not None:
+                if sc[0] != WORD:
+                    if sc[2]:
+                        sc[2] = False
+                    elif c == _BS:
+                        sc[2] = True
+                    elif c == _QUOTE:
+                        self.scalar = None
+                        if sc[0] == KEYSTR:
+                            top = self.stack[-1]
+                            top[KEY] = json.loads(b'"' + bytes(sc[3]) + b'"')
+                            top[STATE] = COLON
+                        else:
+                            self._complete(sc[4], sc[1], base + j + 1, done)
+                        continue
+                    if sc[0] == KEYSTR:
+                        sc[3].append(c)
+                    continue
+                if c not in _DELIMS:
+                    continue
+                self.scalar = None
+                self._complete(sc[4], sc[1], base + j, done)
+            if c in _WS:
+                continue
+            self._structural(c, base + j, starts, done)
+
+    def _structural(self, c: int, i: int, starts: list[int] | None, done: list[Done]) -> None:
+        if not self.stack:
+            if not self.done:
+                self._start(c, i, (), starts)
+            return
+        top = self.stack[-1]
+        state = top[STATE]
+        if top[KIND] == OBJ:
+            if state in (FIRST, KEYS) and c == _QUOTE:
+                self.scalar = [KEYSTR, i, False, bytearray(), None]
+            elif state in (FIRST, COMMA) and c == _RBRACE:
+                self._close(i, done)
+            elif state == COLON and c == _COLON:
+                top[STATE] = VALUE
+            elif state == VALUE:
+                self._start(c, i, (*top[PATH], top[KEY]), starts)
+            elif state == COMMA and c == _COMMA:
+                top[STATE] = KEYS
+            return
+        if (state == FIRST and c == _RBRACKET) or (state == COMMA and c == _RBRACKET):
+            self._close(i, done)
+        elif state == COMMA:
+            if c == _COMMA:
+                top[STATE] = VALUE
+        else:
+            self._start(c, i, (*top[PATH], top[COUNT]), starts)
+
+    def _start(self, c: int, i: int, path: Path, starts: list[int] | None) -> None:
+        if starts is not None:
+            starts.append(i)
+        if c == _LBRACE:
+            self.stack.append([OBJ, path, i, FIRST, None, 0])
+        elif c == _LBRACKET:
+            self.stack.append([ARR, path, i, FIRST, None, 0])
+        elif c == _QUOTE:
+            self.scalar = [STR, i, False, None, path]
+        else:
+            self.scalar = [WORD, i, False, None, path]
+
+    def _close(self, i: int, done: list[Done]) -> None:
+        frame = self.stack.pop()
+        self._complete(frame[PATH], frame[START], i + 1, done)
+
+    def _complete(self, path: Path, start: int, end: int, done: list[Done]) -> None:
+        parent = self.stack[-1] if self.stack else None
+        if parent is None:
+            self.done = True
+            done.append((path, start, end, None, -1))
+            return
+        parent[STATE] = COMMA
+        parent[COUNT] += 1
+        if parent[KIND] == ARR:
+            done.append((path, start, end, parent[PATH], parent[START]))
+        else:
+            done.append((path, start, end, None, -1))
+
+    def end(self, base: int, done: list[Done]) -> None:
+        """The document ends here (the stop token): a root number or literal completes."""
+        sc = self.scalar
+        if sc is not None and sc[0] == WORD:
+            self.scalar = None
+            self._complete(sc[4], sc[1], base, done)
+
+
+class Guard:
+    """One stream's value checks: the scan of its committed tokens, the bans rollbacks
+    left, and the rollback count (``Constraint`` drives it)."""
+
+    def __init__(self, checks: Checks, vocab: Vocabulary, stop_token: int) -> None:
+        self.checks = checks
+        self.vocab = vocab
+        self.stop_token = stop_token
+        self.closers, self.is_closer = closer_tokens(vocab)
+        self.reset()
+
+    def reset(self) -> None:
+        self.text = bytearray()
+        self.scan = Scan()
+        self.tokens: list[int] = []
+        self.choices: list[bool] = []  # per token: the grammar left a choice there
+        self.offsets: list[int] = []  # each committed token's first byte
+        self.starts: list[int] = []  # every value's first byte, in order
+        self.saved: list[tuple[Scan, int]] = []  # before each token: scan, len(starts)
+        self.bans: dict[int, set[int]] = {}
+        self.rollbacks = 0
+        self.floor = -1  # the failing value's start, for rollbacks after bans ran out
+        self.stuck = 0  # steps an open string's end has failed its checks in a row
+        self.armed = self._armed()
+
+    # ------------------------------------------------------------ following
+    def commit(self, token: int, *, choice: bool = True) -> None:
+        """``token`` was committed; ``choice``: the grammar allowed others there (a
+        rollback bans tokens only where there was a choice)."""
+        if token == self.stop_token:
+            return
+        self.saved.append((self.scan.copy(), len(self.starts)))
+        self.offsets.append(len(self.text))
+        self.tokens.append(token)
+        self.choices.append(choice)
+        data = self.vocab.token_bytes(token)
+        self.scan.feed(data, len(self.text), self.starts, [])
+        self.text += data
+        self.armed = self._armed()
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` commits."""
+        if n <= 0:
+            return
+        keep = len(self.tokens) - n
+        self.scan, n_starts = self.saved[keep]
+        del self.saved[keep:]
+        del self.starts[n_starts:]
+        del self.text[self.offsets[keep]:]
+        del self.offsets[keep:]
+        del self.tokens[keep:]
+        del self.choices[keep:]
+        for pos in [p for p in self.bans if p > keep]:
+            del self.bans[pos]
+        self.armed = self._armed()
+
+    def _armed(self) -> bool:
+        """A check may fire at the next token: on an open value, or on one that may start
+        (and end) within it."""
+        scan = self.scan
+        paths = scan.open_paths()
+        nxt = scan.next_path()
+        for check in self.checks.checks:
+            if any(check.matches(p) for p in paths):
+                return True
+            if nxt is not None and len(check.pattern) >= len(nxt) \
+                    and _prefix_matches(check.pattern, nxt):
+                return True
+        return False
+
+    # ------------------------------------------------------------- checking
+    def allows(self, token: int) -> bool:
+        """Whether the checks let ``token`` through now (the grammar allows it)."""
+        banned = self.bans.get(len(self.tokens))
+        if banned and token in banned:
+            return False
+        if not self.armed:
+            return True
+        if token == self.stop_token:
+            return self._passes(None) is None
+        if not self.is_closer[token]:
+            return True
+        return self._passes(token) is None
+
+    def filter(self, logits: NDArray[np.float32], roll_back: Callable[[int], None]) -> None:
+        """Mask (in ``logits``, already grammar-masked) what the checks refuse. When nothing
+        is left: ``roll_back(n)`` (the constraint's, which rolls this guard back too), that
+        token banned where decoding resumes, and ``Rollback(n)`` raised for the decode loop;
+        nothing when no rollback is needed or this guard can make none."""
+        drop = self._drop(logits)
+        if drop:
+            banned = self.tokens[-drop]
+            roll_back(drop)
+            self.bans.setdefault(len(self.tokens), set()).add(banned)
+            raise Rollback(drop)
+
+    def _drop(self, logits: NDArray[np.float32]) -> int:
+        """:meth:`filter`'s masking; the tokens to drop (0: none)."""
+        banned = self.bans.get(len(self.tokens))
+        if banned:
+            logits[list(banned)] = -np.inf
+        failed: list[int] = []
+        if self.armed:
+            ids = self.closers[logits[self.closers] > -np.inf]
+            for tok in ids.tolist():
+                start = self._passes(int(tok))
+                if start is not None:
+                    logits[tok] = -np.inf
+                    failed.append(start)
+            stop = self.stop_token
+            if 0 <= stop < logits.shape[0] and logits[stop] > -np.inf:
+                start = self._passes(None)
+                if start is not None:
+                    logits[stop] = -np.inf
+                    failed.append(start)
+        sc = self.scan.scalar
+        if failed and sc is not None and sc[0] == STR and sc[1] in failed:
+            self.stuck += 1  # a string whose every end fails: it may never end well
+        else:
+            self.stuck = 0
+        if self.stuck <= STUCK_STEPS and (not (banned or failed) or logits.max() > -np.inf):
+            return 0
+        self.stuck = 0
+        return self._roll_back_point(failed)
+
+    def _passes(self, token: int | None) -> int | None:
+        """None when every value ``token`` (None: the stop token) would complete passes its
+        checks, else the start of the innermost failing value."""
+        scan = self.scan.copy()
+        done: list[Done] = []
+        data = b"" if token is None else self.vocab.token_bytes(token)
+        if token is None:
+            scan.end(len(self.text), done)
+        else:
+            scan.feed(data, len(self.text), None, done)
+        if not done:
+            return None
+        full: bytes | None = None
+        failing = -1
+        for path, start, end, parent, parent_start in done:
+            checks = self.checks.at(path)
+            uniques = [c for c in self.checks.at(parent) if c.unique] if parent is not None \
+                else []
+            if not checks and not uniques:
+                continue
+            if full is None:
+                full = bytes(self.text) + data
+            value = full[start:end]
+            if any(not self.checks.passes(c, value) for c in checks):
+                failing = max(failing, start)
+            elif uniques and not self.checks.unique_so_far(full[parent_start:end]):
+                failing = max(failing, parent_start)
+        return None if failing < 0 else failing
+
+    def _roll_back_point(self, failed: list[int]) -> int:
+        """Tokens to drop so decoding resumes at the latest value start inside the failing
+        value (that token banned there); ``ChecksExhausted`` when none is left or the budget
+        is spent."""
+        n = len(self.tokens)
+        if failed:
+            floor = max(failed)
+            if floor >= len(self.text):  # the failing value would start in the token
+                open_starts = [f[START] for f in self.scan.stack]
+                if self.scan.scalar is not None:
+                    open_starts.append(self.scan.scalar[1])
+                floor = max(open_starts, default=0)
+            self.floor = floor
+        elif self.floor < 0:
+            return 0  # nothing this guard masked: the grammar's own dead end
+        target = -1
+        for start in reversed(self.starts):
+            if start < self.floor:
+                break
+            t = max(0, bisect.bisect_right(self.offsets, start) - 1)
+            while t < n and not self.choices[t]:  # forced there: the same token comes back
+                t += 1
+            if t < n:
+                target = t
+                break
+        if target < 0 or self.rollbacks >= self.checks.budget:
+            raise self._exhausted()
+        self.rollbacks += 1
+        return n - target
+
+    def _exhausted(self) -> ChecksExhausted:
+        path = _pointer_at(self.scan, self.floor)
+        where = [c for c in self.checks.checks if c.matches(path)] if path is not None else []
+        keywords = where[0].keywords if where else self.checks.keywords
+        return ChecksExhausted(self.text.decode("utf-8", "replace"), keywords,
+                               "" if path is None else "".join(f"/{escape(str(p))}"
+                                                               for p in path),
+                               self.rollbacks)
+
+    def stable(self) -> int:
+        """Committed tokens no rollback can take back: all of them once the document is
+        complete, else none (a rollback may reach any value start)."""
+        return len(self.tokens) if self.scan.done and self.scan.scalar is None else 0
+
+
+def _prefix_matches(pattern: tuple[Any, ...], path: Path) -> bool:
+    return Check(pattern[: len(path)], {}, "", ()).matches(path)
+
+
+def _pointer_at(scan: Scan, start: int) -> Path | None:
+    """The path of the open value starting at byte ``start``."""
+    for f in scan.stack:
+        if f[START] == start:
+            return tuple(f[PATH])
+    if scan.scalar is not None and scan.scalar[1] == start:
+        return tuple(scan.scalar[4])
+    return None
+
+
+def closer_tokens(vocab: Vocabulary) -> tuple[NDArray[np.intp], NDArray[np.bool_]]:
+    """The ids whose bytes contain ``"``, ``,``, ``]`` or ``}`` (the tokens that can
+    complete a value), and the same as a per-id flag; cached on the model."""
+    def build() -> tuple[NDArray[np.intp], NDArray[np.bool_]]:
+        flags = np.zeros(vocab.n_vocab, dtype=np.bool_)
+        for t in range(vocab.n_vocab):
+            data = vocab.token_bytes(t)
+            if any(b in data for b in _CLOSERS):
+                flags[t] = True
+        return np.flatnonzero(flags), flags
+
+    cache = getattr(vocab, "cache", None)
+    if callable(cache):
+        return cache(("guard", "closers"), build)  # type: ignore[no-any-return]
+    return build()
