@@ -417,9 +417,9 @@ def _schema_constraint(loaded: LoadedSchema, doc: dict[str, Any] | bool,
     """A constraint of ``loaded`` compiled from ``doc`` (the schema, or a relaxed copy),
     bound to ``model`` when given. Raises the schema's refusals."""
     grammar, check_now = _schema_grammar(doc, whitespace, digits, bound=model is not None)
-    made = Constraint("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
-                      stop_token=stop_token)
-    return made if model is None else made._bind(model, None, first_mask_now=check_now)
+    other = Constraint("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
+                       stop_token=stop_token)
+    return other if model is None else other._bind(model, None, first_mask_now=check_now)
 
 
 def _lark_grammar(grammar: str) -> str:
