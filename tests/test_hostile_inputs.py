@@ -98,7 +98,7 @@ def test_sampling_values_outside_their_range(kw: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("schema", "keyword"), [
-    ({"oneOf": [{"type": "string"}, {"type": "string", "minLength": 1}]}, "oneOf"),
+    ({"$ref": "https://example.com/remote.json"}, "$ref"),
     ({"type": "object", "patternProperties": {"a": {"type": "string"},
                                                "b": {"type": "integer"}}}, "patternProperties"),
 ])

@@ -113,7 +113,7 @@ def test_streamed_function_call(client: Any) -> None:
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x",
-                                        "schema": {"type": "object", "not": {}}}}},
+                                        "schema": {"$ref": "https://example.com/s.json"}}}},
      "text.format"),
     ({"input": "x", "frobnicate": 1}, "frobnicate"),
 ])

@@ -136,14 +136,14 @@ def test_json_object_without_schema_is_an_object(client: Any) -> None:
 
 
 def test_bad_schema_is_a_400_naming_the_keyword(client: Any) -> None:
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    schema = {"type": "object", "properties": {"tags": {"$ref": "https://example.com/t.json"}}}
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}],
                                        response_format={"type": "json_schema", "json_schema": {
                                            "name": "t", "schema": schema}})
     err = info.value.body
     assert err["param"] == "response_format" and err["code"] == "schema_unsupported"
-    assert "uniqueItems" in err["message"] and "/properties/tags" in err["message"]
+    assert "$ref" in err["message"] and "/properties/tags" in err["message"]
 
 
 def test_invalid_schema_is_a_400(client: Any) -> None:
