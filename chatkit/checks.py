@@ -61,6 +61,9 @@ RELAXED: dict[str, tuple[str, ...]] = {
     "oneOf": ("oneOf",),
     "allOf": ("allOf",),
     "format": ("format",),
+    "patternProperties": ("patternProperties",),
+    "$dynamicRef": ("$dynamicRef",),
+    "$dynamicAnchor": ("$dynamicAnchor",),
 }
 """The keywords llguidance refuses that a value check enforces instead, and what relaxing
 each removes from a subschema (``oneOf`` becomes ``anyOf``)."""
@@ -79,6 +82,8 @@ _NOT_FIXED = ("anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas",
 """Applicators whose subschemas apply at instance locations the schema does not fix."""
 
 _MAPS = ("patternProperties", "dependentSchemas", "dependencies", "properties")
+
+_DYNAMIC = ("$dynamicRef", "$dynamicAnchor")
 
 PathPart = str | int | None
 """An object key, an array index, or None (any index: ``items``)."""
@@ -182,6 +187,8 @@ def relax(doc: dict[str, Any], keywords: list[str], relaxed: dict[str, tuple[str
                     node["pattern"] = FORMAT_PATTERNS[format_name]  # the grammar helps
                 if name == "unevaluatedProperties":
                     node.setdefault("additionalProperties", True)  # keep it open
+                if name == "patternProperties":  # its keys would fall to additionalProperties
+                    node["additionalProperties"] = True
                 del node[name]
                 removed.append(name)
         if removed:
@@ -325,6 +332,8 @@ def place_checks(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]) -> li
                 visit(items, f"{pointer}/items", (*path, None), chain)
 
     visit(doc, "", (), (id(doc),))
+    if any(k in _DYNAMIC for ks in relaxed.values() for k in ks):
+        add((), doc, "")  # dynamic scope: only the whole document, validated whole, has it
     return list(checks.values())
 
 

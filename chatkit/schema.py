@@ -104,7 +104,16 @@ def closed_objects(doc: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``doc`` with its objects closed (see :func:`close_objects`)."""
     copy: dict[str, Any] = json.loads(json.dumps(doc))
     close_objects(copy)
+    for _, node in walk(copy, ""):  # 2.0 is an integer in JSON Schema; llguidance wants 2
+        for keyword in _COUNTS:
+            value = node.get(keyword)
+            if isinstance(value, float) and value.is_integer():
+                node[keyword] = int(value)
     return copy
+
+
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties",
+           "maxProperties", "minContains", "maxContains")
 
 
 def close_objects(doc: dict[str, Any]) -> None:
@@ -172,6 +181,8 @@ def json_grammar(schema: dict[str, Any] | bool, whitespace: Whitespace = "compac
     Numbers are bounded (``digits``, shared definitions: see :func:`bound_numbers`)."""
     if schema is False:
         raise SchemaInvalid("the schema `false` accepts nothing")
+    if schema is True:
+        schema = {}  # accepts anything: llguidance takes only objects
     if isinstance(schema, dict):
         schema = closed_objects(schema)
     survey = survey_of(schema) if isinstance(schema, dict) else Survey(False, False, False)

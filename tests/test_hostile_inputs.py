@@ -99,8 +99,6 @@ def test_sampling_values_outside_their_range(kw: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(("schema", "keyword"), [
     ({"$ref": "https://example.com/remote.json"}, "$ref"),
-    ({"type": "object", "patternProperties": {"a": {"type": "string"},
-                                               "b": {"type": "integer"}}}, "patternProperties"),
 ])
 def test_valid_but_unenforceable_schemas_name_their_keyword(schema: dict[str, Any],
                                                             keyword: str) -> None:
