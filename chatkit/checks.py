@@ -126,6 +126,11 @@ class Checks:
     """Schema pointer -> the keywords relaxed there."""
     budget: int = 32
     """Rollbacks allowed per reply (``ChecksExhausted`` past it)."""
+    grammar_doc: dict[str, Any] | bool = True
+    """The relaxed schema the grammar was compiled from."""
+    after_think: bool = False
+    """The document follows a think block (the grammar's ``think`` capture, then a blank
+    line): the checks start there."""
     _validator: Any = field(default=None, repr=False)
     _memo: dict[tuple[int, str], bool] = field(default_factory=dict, repr=False)
 
@@ -252,7 +257,7 @@ def compile_relaxed(doc: dict[str, Any] | bool, build: Callable[[dict[str, Any] 
         if not relaxed:
             return built, None
         assert isinstance(doc, dict)
-        return built, Checks(doc, place_checks(doc, relaxed), relaxed)
+        return built, Checks(doc, place_checks(doc, relaxed), relaxed, grammar_doc=current)
     raise SchemaUnsupported("schema", "", f"still refused after {MAX_RELAXATIONS} relaxations")
 
 

@@ -152,11 +152,17 @@ class GrammarSteps:
         self._schedule()
 
     def rollback(self, n: int) -> None:
-        """Undo the last ``n`` commits (llguidance's matcher rollback)."""
+        """Undo the last ``n`` commits (llguidance's matcher rollback; where it has none, as
+        under a lexeme with ``max_tokens``, a checked constraint replays the tokens kept)."""
+        guard = self._guard
         if not self._live().rollback(n):
-            raise ConstraintError(f"cannot roll back {n} tokens")
-        if self._guard is not None:
-            self._guard.rollback(n)
+            if guard is None or n > len(guard.tokens):
+                raise ConstraintError(f"cannot roll back {n} tokens")
+            self._matcher = self._initial.deep_copy()
+            for token in guard.tokens[: len(guard.tokens) - n]:
+                self._matcher.consume_token(token)
+        if guard is not None:
+            guard.rollback(n)
         self._schedule()
 
     def reset(self) -> None:
@@ -340,7 +346,7 @@ class Constraint(GrammarSteps):
         the value checks of what the grammar was relaxed on (:meth:`json_schema`)."""
         self.checks = checks if checks is not None else self.checks
         if self.checks is not None and self.model is not None:
-            self._guard = Guard(self.checks, self.model, self.stop_token)
+            self._guard = Guard(self.checks, self.model, self.stop_token, self.captures)
 
     def _first_mask(self) -> None:
         """Compute the initial state's mask now and keep it for the first step (no prefetch)."""

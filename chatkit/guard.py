@@ -192,10 +192,14 @@ class Guard:
     """One stream's value checks: the scan of its committed tokens, the bans rollbacks
     left, and the rollback count (``Constraint`` drives it)."""
 
-    def __init__(self, checks: Checks, vocab: Vocabulary, stop_token: int) -> None:
+    def __init__(self, checks: Checks, vocab: Vocabulary, stop_token: int,
+                 captures: Callable[[], list[tuple[str, bytes]]] | None = None) -> None:
         self.checks = checks
         self.vocab = vocab
         self.stop_token = stop_token
+        self.captures = captures
+        """The grammar's captures so far (``Checks.after_think``: where the think block
+        ends)."""
         self.closers, self.is_closer = closer_tokens(vocab)
         self.reset()
 
@@ -206,7 +210,10 @@ class Guard:
         self.choices: list[bool] = []  # per token: the grammar left a choice there
         self.offsets: list[int] = []  # each committed token's first byte
         self.starts: list[int] = []  # every value's first byte, in order
-        self.saved: list[tuple[Scan, int]] = []  # before each token: scan, len(starts)
+        self.saved: list[tuple[Scan, int, int]] = []  # before each token: scan,
+        # len(starts), json_from
+        self.json_from = -1 if self.checks.after_think else 0
+        """Where the document starts in the text (-1: not yet, after a think block)."""
         self.bans: dict[int, set[int]] = {}
         self.rollbacks = 0
         self.floor = -1  # the failing value's start, for rollbacks after bans ran out
@@ -219,21 +226,36 @@ class Guard:
         rollback bans tokens only where there was a choice)."""
         if token == self.stop_token:
             return
-        self.saved.append((self.scan.copy(), len(self.starts)))
+        self.saved.append((self.scan.copy(), len(self.starts), self.json_from))
         self.offsets.append(len(self.text))
         self.tokens.append(token)
         self.choices.append(choice)
         data = self.vocab.token_bytes(token)
-        self.scan.feed(data, len(self.text), self.starts, [])
+        base = len(self.text)
         self.text += data
+        if self.json_from < 0:  # after a think block: skip to the document's start
+            self.json_from = self._document_start()
+            if self.json_from < 0:
+                return
+            data, base = bytes(self.text[self.json_from:]), self.json_from
+        self.scan.feed(data, base, self.starts, [])
         self.armed = self._armed()
+
+    def _document_start(self) -> int:
+        """Where the document starts after the think block (its capture, then the close
+        ending in a blank line), -1 while it has not."""
+        think = dict(self.captures()).get("think") if self.captures is not None else None
+        if think is None:
+            return -1
+        end = self.text.find(b"\n\n", len(think))
+        return -1 if end < 0 else end + 2
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` commits."""
         if n <= 0:
             return
         keep = len(self.tokens) - n
-        self.scan, n_starts = self.saved[keep]
+        self.scan, n_starts, self.json_from = self.saved[keep]
         del self.saved[keep:]
         del self.starts[n_starts:]
         del self.text[self.offsets[keep]:]
@@ -264,7 +286,7 @@ class Guard:
         banned = self.bans.get(len(self.tokens))
         if banned and token in banned:
             return False
-        if not self.armed:
+        if not self.armed or self.json_from < 0:
             return True
         if token == self.stop_token:
             return self._passes(None) is None
@@ -290,7 +312,7 @@ class Guard:
         if banned:
             logits[list(banned)] = -np.inf
         failed: list[int] = []
-        if self.armed:
+        if self.armed and self.json_from >= 0:
             ids = self.closers[logits[self.closers] > -np.inf]
             for tok in ids.tolist():
                 start = self._passes(int(tok))

@@ -340,8 +340,9 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
                          "schema grammar").clone()
 
     def build() -> Constraint:
-        doc = bound_numbers(closed_objects(loaded.doc) if isinstance(loaded.doc, dict)
-                            else loaded.doc)
+        checks = Constraint.json_schema(loaded).checks  # what a value check enforces
+        source = loaded.doc if checks is None else checks.grammar_doc
+        doc = bound_numbers(closed_objects(source) if isinstance(source, dict) else source)
         embedded: dict[str, Any] = dict(doc) if isinstance(doc, dict) else {"anyOf": [doc]}
         embedded["x-guidance"] = {**json_options(), **embedded.get("x-guidance", {})}
         lark = (
@@ -352,6 +353,9 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
         )
         made = Constraint.lark(lark, model=engine, stop_token=stop_token)
         made.reader = loaded.reader()
+        if checks is not None:
+            checks.after_think = True
+            made.attach_checks(checks)
         return made
 
     return _compiled(engine, ("think+schema", loaded.key, loaded.model_cls, think_budget,

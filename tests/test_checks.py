@@ -326,3 +326,13 @@ def test_a_remote_engine_refuses_a_checked_schema_before_any_request(smol: Model
     engine = RemoteEngine(dead, kind="vllm", model="m", vocab=smol, retries=0)
     with pytest.raises(RemoteUnsupported, match="uniqueItems"):
         Conversation(engine).send("x", schema=FIXTURES["uniqueItems"][0])
+
+
+def test_a_checked_schema_after_a_think_block(smol: Model) -> None:
+    """Under a thinking template the checks start where the document does, after the think
+    block; a rollback there keeps the thoughts."""
+    biased = Biased(smol, _letter_tokens(smol, "x"))
+    conv = Conversation(biased, template="qwen3", think_budget=16)
+    reply = conv.send("Two letters.", schema=UNIQUE_XY, max_tokens=60)
+    assert json.loads(reply.text) == ["x", "y"] and reply.usage.rollbacks >= 1
+    assert reply.reasoning
