@@ -336,3 +336,14 @@ def test_a_checked_schema_after_a_think_block(smol: Model) -> None:
     reply = conv.send("Two letters.", schema=UNIQUE_XY, max_tokens=60)
     assert json.loads(reply.text) == ["x", "y"] and reply.usage.rollbacks >= 1
     assert reply.reasoning
+
+
+def test_async_replies_roll_back_as_sync_ones_do(smol: Model) -> None:
+    import asyncio
+
+    biased = Biased(smol, _letter_tokens(smol, "x"))
+    sync = Conversation(biased).send("Two letters.", schema=UNIQUE_XY, max_tokens=40)
+    async_ = asyncio.run(Conversation(biased).asend("Two letters.", schema=UNIQUE_XY,
+                                                    max_tokens=40))
+    assert (async_.text, async_.usage.rollbacks) == (sync.text, sync.usage.rollbacks)
+    assert sync.usage.rollbacks >= 1

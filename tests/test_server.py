@@ -146,6 +146,23 @@ def test_bad_schema_is_a_400_naming_the_keyword(client: Any) -> None:
     assert "$ref" in err["message"] and "/properties/tags" in err["message"]
 
 
+def test_a_keyword_the_grammar_cannot_express_is_enforced(client: Any) -> None:
+    """uniqueItems and not: enforced by value checks (a valid reply, or a named failure)."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True,
+                 "minItems": 2, "maxItems": 3},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9, "not": {"const": 0}}},
+        "required": ["tags", "n"]}
+    out = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "Tags and a number."}],
+        max_tokens=60, response_format={"type": "json_schema", "json_schema": {
+            "name": "t", "schema": schema}})
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), schema)
+
+
 def test_invalid_schema_is_a_400(client: Any) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}],
