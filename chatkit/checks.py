@@ -101,6 +101,8 @@ class Check:
     """The relaxed keywords this check stands for (for messages)."""
     unique: bool = False
     """``node`` has ``uniqueItems``: an array is also checked at each item's end."""
+    names: dict[str, Any] | bool | None = None
+    """``node``'s ``propertyNames``: each key is also checked at its end."""
 
     def matches(self, path: tuple[str | int, ...]) -> bool:
         pattern = self.pattern
@@ -160,6 +162,10 @@ class Checks:
                 self._memo.clear()
             self._memo[key] = hit
         return hit
+
+    def name_passes(self, names: dict[str, Any] | bool, key_text: bytes) -> bool:
+        """Whether a complete key (its JSON string) passes ``propertyNames``."""
+        return bool(self.validator().evolve(schema=names).is_valid(json.loads(key_text)))
 
     def unique_so_far(self, items_text: bytes) -> bool:
         """Whether an array's items so far (``[a,b,...`` without its ``]``) are unique."""
@@ -301,9 +307,11 @@ def place_checks(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]) -> li
     def add(path: tuple[PathPart, ...], node: dict[str, Any], pointer: str) -> None:
         kws = tuple(sorted({k for p, ks in relaxed.items()
                             if p == pointer or p.startswith(pointer + "/") for k in ks}))
-        unique = "uniqueItems" in relaxed.get(pointer, ()) and node.get("uniqueItems") is True
+        here = relaxed.get(pointer, ())
+        unique = "uniqueItems" in here and node.get("uniqueItems") is True
+        names = node.get("propertyNames") if "propertyNames" in here else None
         checks.setdefault((path, id(node)), Check(path, node, pointer, kws or ("$ref",),
-                                                  unique))
+                                                  unique, names))
 
     def visit(node: Any, pointer: str, path: tuple[PathPart, ...], chain: tuple[int, ...]
               ) -> None:

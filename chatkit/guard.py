@@ -54,7 +54,9 @@ the text so far cannot meet) before the guard rolls it back."""
 Path = tuple[str | int, ...]
 Done = tuple[Path, int, int, Path | None, int]
 """A completed value: path, start, end (byte offsets), its parent array's path and start
-(None, -1: not in an array)."""
+(None, -1: not in an array); or a completed key: its object's path, start, end, None,
+``KEY_DONE``."""
+KEY_DONE = -2
 
 
 class Scan:
@@ -110,6 +112,7 @@ class Scan:
                             top = self.stack[-1]
                             top[KEY] = json.loads(b'"' + bytes(sc[3]) + b'"')
                             top[STATE] = COLON
+                            done.append((top[PATH], sc[1], base + j + 1, None, KEY_DONE))
                         else:
                             self._complete(sc[4], sc[1], base + j + 1, done)
                         continue
@@ -134,6 +137,8 @@ class Scan:
         if top[KIND] == OBJ:
             if state in (FIRST, KEYS) and c == _QUOTE:
                 self.scalar = [KEYSTR, i, False, bytearray(), None]
+                if starts is not None:  # a key is a rollback target too (propertyNames)
+                    starts.append(i)
             elif state in (FIRST, COMMA) and c == _RBRACE:
                 self._close(i, done)
             elif state == COLON and c == _COLON:
@@ -326,7 +331,7 @@ class Guard:
                     logits[stop] = -np.inf
                     failed.append(start)
         sc = self.scan.scalar
-        if failed and sc is not None and sc[0] == STR and sc[1] in failed:
+        if failed and sc is not None and sc[0] != WORD and sc[1] in failed:
             self.stuck += 1  # a string whose every end fails: it may never end well
         else:
             self.stuck = 0
@@ -350,6 +355,13 @@ class Guard:
         full: bytes | None = None
         failing = -1
         for path, start, end, parent, parent_start in done:
+            if parent_start == KEY_DONE:
+                names = [c.names for c in self.checks.at(path) if c.names is not None]
+                if names:
+                    full = bytes(self.text) + data if full is None else full
+                    if not all(self.checks.name_passes(n, full[start:end]) for n in names):
+                        failing = max(failing, start)
+                continue
             checks = self.checks.at(path)
             uniques = [c for c in self.checks.at(parent) if c.unique] if parent is not None \
                 else []

@@ -104,11 +104,6 @@ def closed_objects(doc: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``doc`` with its objects closed (see :func:`close_objects`)."""
     copy: dict[str, Any] = json.loads(json.dumps(doc))
     close_objects(copy)
-    for _, node in walk(copy, ""):  # 2.0 is an integer in JSON Schema; llguidance wants 2
-        for keyword in _COUNTS:
-            value = node.get(keyword)
-            if isinstance(value, float) and value.is_integer():
-                node[keyword] = int(value)
     return copy
 
 
@@ -126,7 +121,8 @@ def close_objects(doc: dict[str, Any]) -> None:
     Left open, because closing would change what the schema means: objects under ``allOf``
     (each branch closed would reject the other branches' keys), objects whose ``required``
     names a key ``properties`` does not declare, and objects with ``patternProperties``
-    or ``unevaluatedProperties``."""
+    or ``unevaluatedProperties``. Counts written as integral floats (``"maxItems": 2.0``, an
+    integer in JSON Schema) become integers, as llguidance wants them."""
     in_all_of: set[int] = set()
 
     def mark(branch: Any) -> None:  # a branch and every local $ref it reaches
@@ -139,6 +135,9 @@ def close_objects(doc: dict[str, Any]) -> None:
                 mark(target)
 
     for _, node in walk(doc, ""):
+        for keyword in _COUNTS:  # 2.0 is an integer in JSON Schema; llguidance wants 2
+            if isinstance(node.get(keyword), float) and node[keyword].is_integer():
+                node[keyword] = int(node[keyword])
         if id(node) in in_all_of:
             continue
         branches = node.get("allOf")

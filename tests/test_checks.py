@@ -159,7 +159,7 @@ def _ends(text: bytes, chunks: list[bytes]) -> list[tuple[Any, ...]]:
         scan.feed(chunk, base, [], done)
         base += len(chunk)
     scan.end(base, done)
-    return [(path, text[start:end]) for path, start, end, _, _ in done]
+    return [(path, text[start:end]) for path, start, end, _, kind in done if kind != -2]
 
 
 def test_the_scan_finds_every_value_end_at_any_chunking() -> None:
