@@ -135,6 +135,7 @@ class Checks:
     line): the checks start there."""
     _validator: Any = field(default=None, repr=False)
     _memo: dict[tuple[int, str], bool] = field(default_factory=dict, repr=False)
+    _evolved: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
     def keywords(self) -> tuple[str, ...]:
@@ -147,6 +148,13 @@ class Checks:
             self._validator = cls(self.doc, format_checker=cls.FORMAT_CHECKER)
         return self._validator
 
+    def _for(self, schema: dict[str, Any] | bool) -> Any:
+        """The validator of a subschema (the root's, so ``$ref`` resolves), kept."""
+        made = self._evolved.get(id(schema))
+        if made is None:
+            made = self._evolved[id(schema)] = self.validator().evolve(schema=schema)
+        return made
+
     def at(self, path: tuple[str | int, ...]) -> list[Check]:
         """The checks of the value at ``path``."""
         return [c for c in self.checks if c.matches(path)]
@@ -157,7 +165,7 @@ class Checks:
         hit = self._memo.get(key)
         if hit is None:
             value = json.loads(key[1])
-            hit = bool(self.validator().evolve(schema=check.node).is_valid(value))
+            hit = bool(self._for(check.node).is_valid(value))
             if len(self._memo) > 4096:
                 self._memo.clear()
             self._memo[key] = hit
@@ -165,12 +173,15 @@ class Checks:
 
     def name_passes(self, names: dict[str, Any] | bool, key_text: bytes) -> bool:
         """Whether a complete key (its JSON string) passes ``propertyNames``."""
-        return bool(self.validator().evolve(schema=names).is_valid(json.loads(key_text)))
+        return bool(self._for(names).is_valid(json.loads(key_text)))
 
     def unique_so_far(self, items_text: bytes) -> bool:
         """Whether an array's items so far (``[a,b,...`` without its ``]``) are unique."""
         items = json.loads(items_text + b"]")
-        return bool(self.validator().evolve(schema={"uniqueItems": True}).is_valid(items))
+        return bool(self._for(_UNIQUE).is_valid(items))
+
+
+_UNIQUE = {"uniqueItems": True}
 
 
 # ------------------------------------------------------------------ relaxing

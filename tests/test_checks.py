@@ -355,3 +355,17 @@ def test_async_replies_roll_back_as_sync_ones_do(smol: Model) -> None:
                                                     max_tokens=40))
     assert (async_.text, async_.usage.rollbacks) == (sync.text, sync.usage.rollbacks)
     assert sync.usage.rollbacks >= 1
+
+
+def test_a_rollback_bans_the_token_that_chose_not_the_bytes_forced(smol: Model) -> None:
+    """Where the grammar forces bytes (the key's opening quote), a token inside them was no
+    choice (another would write the same bytes), a token reaching past them was: `".` (the
+    quote and the key's first character) is where a rollback bans."""
+    names = {"type": "object", "propertyNames": {"pattern": "^[a-z]{1,8}$"},
+             "additionalProperties": {"type": "integer"}, "minProperties": 1}
+    c = Constraint.json_schema(names, model=smol)
+    for text in ("{", '".'):
+        (token,) = [t for t in range(smol.n_vocab) if smol.token_bytes(t) == text.encode()]
+        c.commit(token)
+    guard = c._guard
+    assert guard is not None and guard.choices == [False, True]
