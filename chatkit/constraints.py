@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 from .checks import Checks, UnknownFormats, compile_relaxed
 from .engine import Vocabulary
 from .errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
-from .guard import Guard
+from .guard import Guard, chosen
 from .schema import (
     NUMBER_DIGITS,
     Digits,
@@ -144,7 +144,7 @@ class GrammarSteps:
         """Advance the grammar by the selected token. Raises ``ConstraintError`` if refused."""
         m = self._live()
         guard = self._guard
-        choice = guard is None or _chosen(m, guard.vocab.token_bytes(token))
+        choice = guard is None or chosen(m, guard.vocab.token_bytes(token))
         if not m.consume_token(token):
             raise ConstraintError(m.get_error() or f"token {token} refused by the grammar")
         if guard is not None:
@@ -386,13 +386,6 @@ class Constraint(GrammarSteps):
     def __repr__(self) -> str:
         bound = self.model.name if self.model is not None else "unbound"
         return f"Constraint({self.kind}, {bound})"
-
-
-def _chosen(matcher: Any, data: bytes) -> bool:
-    """Whether a token of bytes ``data`` was a choice: not wholly inside the bytes the
-    grammar forces next (another token there would write the same bytes)."""
-    forced = bytes(matcher.compute_ff_bytes())
-    return not forced or not forced.startswith(data)
 
 
 def _spare_core(model: Vocabulary) -> bool:

@@ -421,6 +421,14 @@ class Guard:
         return len(self.tokens) if self.scan.done and self.scan.scalar is None else 0
 
 
+def chosen(matcher: Any, data: bytes) -> bool:
+    """Whether a token of bytes ``data`` was a choice for ``matcher`` (llguidance's): not
+    wholly inside the bytes the grammar forces next (another token there would write the
+    same bytes)."""
+    forced = bytes(matcher.compute_ff_bytes())
+    return not forced or not forced.startswith(data)
+
+
 def _prefix_matches(pattern: tuple[Any, ...], path: Path) -> bool:
     return Check(pattern[: len(path)], {}, "", ()).matches(path)
 
