@@ -126,3 +126,27 @@ def test_langchain_streams_tool_call_chunks(client: Any) -> None:
         total = total + chunk
     (call,) = total.tool_calls
     assert call["name"] == "get_weather" and set(call["args"]) == {"city", "days"}
+
+
+def test_a_checked_schema_streams_its_reply_once_complete(client: Any) -> None:
+    """A schema with value checks (uniqueItems) may take tokens back, so its content comes
+    in one piece at the end; the stream still ends as any other, and the text is valid."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"tags": {
+        "type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True,
+        "minItems": 2, "maxItems": 3}}, "required": ["tags"]}
+    stream = client.chat.completions.create(
+        model=NAME, stream=True, max_tokens=60,
+        messages=[{"role": "user", "content": "Tags?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "t",
+                                                                 "schema": schema}})
+    contents: list[str] = []
+    finish = None
+    for chunk in stream:
+        for c in chunk.choices:
+            if c.delta.content:
+                contents.append(c.delta.content)
+            finish = c.finish_reason or finish
+    assert finish == "stop" and len(contents) == 1
+    jsonschema.validate(json.loads(contents[0]), schema)
