@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 
 from .errors import SchemaUnsupported
 from .schema_check import load_jsonschema
-from .schema_walk import escape, local_ref, walk
+from .schema_walk import DATA_KEYWORDS, SCHEMA_LISTS, SCHEMA_MAPS, escape, local_ref, walk
 
 __all__: list[str] = []
 
@@ -128,8 +128,6 @@ class Checks:
     """Schema pointer -> the keywords relaxed there."""
     budget: int = 32
     """Rollbacks allowed per reply (``ChecksExhausted`` past it)."""
-    grammar_doc: dict[str, Any] | bool = True
-    """The relaxed schema the grammar was compiled from."""
     after_think: bool = False
     """The document follows a think block (the grammar's ``think`` capture, then a blank
     line): the checks start there."""
@@ -164,7 +162,10 @@ class Checks:
         key = (id(check), text.decode("utf-8", "replace"))
         hit = self._memo.get(key)
         if hit is None:
-            value = json.loads(key[1])
+            try:
+                value = json.loads(key[1])
+            except ValueError:  # e.g. an integer past Python's digit limit (digits=None)
+                return False
             hit = bool(self._for(check.node).is_valid(value))
             if len(self._memo) > 4096:
                 self._memo.clear()
@@ -274,8 +275,22 @@ def compile_relaxed(doc: dict[str, Any] | bool, build: Callable[[dict[str, Any] 
         if not relaxed:
             return built, None
         assert isinstance(doc, dict)
-        return built, Checks(doc, place_checks(doc, relaxed), relaxed, grammar_doc=current)
+        return built, Checks(doc, place_checks(doc, relaxed), relaxed)
     raise SchemaUnsupported("schema", "", f"still refused after {MAX_RELAXATIONS} relaxations")
+
+
+def relaxed_schema(doc: dict[str, Any] | bool, unknown_formats: UnknownFormats = "annotate"
+                   ) -> tuple[dict[str, Any] | bool, Checks | None]:
+    """The schema a grammar can compile for ``doc`` (``doc`` itself, or relaxed) and the
+    checks of what was relaxed (None: nothing to check), for a caller that embeds the
+    schema in a grammar of its own (a think block, then the document)."""
+    from .schema import compile_json_schema
+
+    def build(current: dict[str, Any] | bool) -> dict[str, Any] | bool:
+        compile_json_schema(current)
+        return current
+
+    return compile_relaxed(doc, build, unknown_formats=unknown_formats)
 
 
 _LISTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
@@ -314,6 +329,7 @@ def place_checks(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]) -> li
     nodes = {id(node): pointer for pointer, node in walk(doc, "") if pointer in relaxed}
     below = _Below(doc, set(nodes))
     checks: dict[tuple[tuple[PathPart, ...], int], Check] = {}
+    visits = [0]
 
     def add(path: tuple[PathPart, ...], node: dict[str, Any], pointer: str) -> None:
         kws = tuple(sorted({k for p, ks in relaxed.items()
@@ -326,28 +342,30 @@ def place_checks(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]) -> li
 
     def visit(node: Any, pointer: str, path: tuple[PathPart, ...], chain: tuple[int, ...]
               ) -> None:
-        if not isinstance(node, dict) or not below.has(node):
+        if not isinstance(node, dict) or visits[0] > MAX_VISITS:
             return
-        if id(node) in nodes or any(k in node and below.has_kw(node, k) for k in _NOT_FIXED):
-            add(path, node, pointer)
+        visits[0] += 1
+        ref = node.get("$ref")
+        target = local_ref(doc, ref)
+        unresolved = isinstance(ref, str) and target is None and bool(nodes)
+        if not (unresolved or below.has(node)):
             return
-        target = local_ref(doc, node.get("$ref"))
-        if target is not None and below.has(target):
-            if id(target) in chain:
-                add(path, node, pointer)
-                return
-            ref = node["$ref"]
+        if unresolved or id(node) in nodes or (id(target) in chain and below.has(target)) \
+                or any(k in node and below.has_kw(node, k) for k in _NOT_FIXED):
+            add(path, node, pointer)  # validated deep here (a $ref resolved elsewhere,
+            return  # a cycle, a place the schema does not fix)
+        if isinstance(ref, str) and target is not None and below.has(target):
             visit(target, ref[1:] if ref != "#" else "", path, (*chain, id(target)))
         for i, branch in enumerate(node.get("allOf") or []):
             visit(branch, f"{pointer}/allOf/{i}", path, chain)
         for name, sub in (node.get("properties") or {}).items():
             visit(sub, f"{pointer}/properties/{escape(name)}", (*path, name), chain)
-        prefix = node.get("prefixItems")
+        prefix, tuple_at = node.get("prefixItems"), "prefixItems"
         items = node.get("items")
         if isinstance(items, list):  # draft 4-2019: items as a tuple
-            prefix, items = items, None
+            prefix, items, tuple_at = items, None, "items"
         for i, sub in enumerate(prefix or []):
-            visit(sub, f"{pointer}/prefixItems/{i}", (*path, i), chain)
+            visit(sub, f"{pointer}/{tuple_at}/{i}", (*path, i), chain)
         if isinstance(items, dict):
             if prefix:
                 if below.has(items):
@@ -356,18 +374,51 @@ def place_checks(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]) -> li
                 visit(items, f"{pointer}/items", (*path, None), chain)
 
     visit(doc, "", (), (id(doc),))
-    if any(k in _DYNAMIC for ks in relaxed.values() for k in ks):
-        add((), doc, "")  # dynamic scope: only the whole document, validated whole, has it
+    if len(checks) > MAX_CHECKS or visits[0] > MAX_VISITS:
+        checks.clear()  # $refs reused on many paths: the whole document, validated whole
+    if _needs_whole(doc, relaxed, bool(checks)):
+        add((), doc, "")
     return list(checks.values())
 
 
+def _needs_whole(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]], placed: bool
+                 ) -> bool:
+    """Whether the whole document must be checked too: dynamic scope (``$dynamicRef``),
+    nested ``$id`` resources (a ``#/...`` there is not the root's), or nothing placed."""
+    return (any(k in _DYNAMIC for ks in relaxed.values() for k in ks)
+            or any("$id" in node for p, node in walk(doc, "") if p)
+            or (bool(relaxed) and not placed))
+
+
+MAX_CHECKS = 256
+MAX_VISITS = 20_000
+"""Past these (a ``$ref`` reused on many paths multiplies the places), one check of the
+whole document replaces the placed ones."""
+
+
 class _Below:
-    """Which subschemas have a relaxed subschema at or below them ($refs followed)."""
+    r"""Which subschemas have a relaxed subschema at or below them (local ``$ref``\ s
+    followed): a fixpoint over the child and reference edges, so a cycle cannot hide one."""
 
     def __init__(self, doc: dict[str, Any], relaxed: set[int]) -> None:
-        self.doc = doc
-        self.relaxed = relaxed
-        self.memo: dict[int, bool] = {}
+        nodes = [node for _, node in walk(doc, "")]
+        edges: dict[int, list[int]] = {}
+        for node in nodes:
+            out = [id(child) for child in _children(node)]
+            target = local_ref(doc, node.get("$ref"))
+            if target is not None:
+                out.append(id(target))
+            edges[id(node)] = out
+        reach = set(relaxed)
+        changed = True
+        while changed:
+            changed = False
+            for node in nodes:
+                key = id(node)
+                if key not in reach and any(e in reach for e in edges[key]):
+                    reach.add(key)
+                    changed = True
+        self.reach = reach
 
     def has_kw(self, node: dict[str, Any], keyword: str) -> bool:
         """Whether ``node[keyword]`` (a schema, a list or a map of schemas) holds one."""
@@ -379,20 +430,19 @@ class _Below:
         return self.has(value)
 
     def has(self, node: Any) -> bool:
-        if not isinstance(node, dict):
-            return False
-        key = id(node)
-        if key in self.memo:
-            return self.memo[key]
-        self.memo[key] = False  # a cycle adds nothing new
-        found = False
-        for _, sub in walk(node, ""):
-            if id(sub) in self.relaxed:
-                found = True
-                break
-            target = local_ref(self.doc, sub.get("$ref"))
-            if target is not None and self.has(target):
-                found = True
-                break
-        self.memo[key] = found
-        return found
+        return isinstance(node, dict) and id(node) in self.reach
+
+
+def _children(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The subschemas directly under ``node`` (as ``schema_walk.walk`` descends)."""
+    out: list[dict[str, Any]] = []
+    for key, value in node.items():
+        if key in DATA_KEYWORDS:
+            continue
+        if key in SCHEMA_MAPS and isinstance(value, dict):
+            out += [v for v in value.values() if isinstance(v, dict)]
+        elif (key in SCHEMA_LISTS or key == "items") and isinstance(value, list):
+            out += [v for v in value if isinstance(v, dict)]
+        elif isinstance(value, dict):
+            out.append(value)
+    return out

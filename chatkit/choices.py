@@ -230,6 +230,7 @@ def _distribution(b: Branching, path: str, values: list[Any], text: bytes,
                  for v in values]
     grammar = b.constraint.clone()
     grammar.prefetch = False
+    grammar.rolls_back = False  # value checks mask; a branch is explored, not decoded
     for tok in b.reply[:k]:
         grammar.commit(tok)
     engine, passes_before = b.engine, b.passes

@@ -79,6 +79,7 @@ class GrammarSteps:
     _forced: int | None
     _spare_core: bool
     _guard: Guard | None
+    rolls_back: bool
 
     def _live(self) -> Any:
         """The matcher, after any in-flight mask computation has finished with it."""
@@ -115,7 +116,7 @@ class GrammarSteps:
             raise ConstraintError(m.get_error() or "grammar matcher error")
         apply_prepared(logits, prepared)
         if self._guard is not None:  # may roll back: raises Rollback
-            self._guard.filter(logits, self.rollback)
+            self._guard.filter(logits, self.rollback if self.rolls_back else None)
 
     def allows(self, token: int) -> bool:
         """Whether the mask :meth:`process` would apply now lets ``token`` through (pure).
@@ -229,6 +230,8 @@ class Constraint(GrammarSteps):
         """The value checks of what the grammar was relaxed on (None: the grammar enforces
         the whole schema). See :mod:`chatkit.checks`."""
         self._guard: Guard | None = None
+        self.rolls_back = True
+        """A value check that leaves nothing rolls back (False: it only masks)."""
         self.stop_token_override = stop_token
         self.model: Vocabulary | None = None
         self.stop_token: int = -1
@@ -278,8 +281,8 @@ class Constraint(GrammarSteps):
         """
         loaded = load_schema(schema)
         made, checks = compile_relaxed(
-            loaded.doc, lambda doc: _schema_constraint(loaded, doc, model, whitespace, digits,
-                                                       stop_token),
+            loaded.doc, lambda doc: _schema_constraint(cls, loaded, doc, model, whitespace,
+                                                       digits, stop_token),
             unknown_formats=unknown_formats)
         if checks is not None:
             checks.budget = max_rollbacks
@@ -417,14 +420,15 @@ def _schema_grammar(doc: dict[str, Any] | bool, whitespace: Whitespace, digits: 
     return compiled.grammar, compiled.may_be_empty
 
 
-def _schema_constraint(loaded: LoadedSchema, doc: dict[str, Any] | bool,
+def _schema_constraint(cls: type[Constraint], loaded: LoadedSchema,
+                       doc: dict[str, Any] | bool,
                        model: Vocabulary | None, whitespace: Whitespace, digits: Digits,
                        stop_token: int | None) -> Constraint:
     """A constraint of ``loaded`` compiled from ``doc`` (the schema, or a relaxed copy),
     bound to ``model`` when given. Raises the schema's refusals."""
     grammar, check_now = _schema_grammar(doc, whitespace, digits, bound=model is not None)
-    other = Constraint("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
-                       stop_token=stop_token)
+    other = cls("json_schema", grammar, source=loaded.doc, reader=loaded.reader(),
+                stop_token=stop_token)
     return other if model is None else other._bind(model, None, first_mask_now=check_now)
 
 

@@ -299,19 +299,21 @@ class Guard:
             return True
         return self._passes(token) is None
 
-    def filter(self, logits: NDArray[np.float32], roll_back: Callable[[int], None]) -> None:
+    def filter(self, logits: NDArray[np.float32],
+               roll_back: Callable[[int], None] | None) -> None:
         """Mask (in ``logits``, already grammar-masked) what the checks refuse. When nothing
         is left: ``roll_back(n)`` (the constraint's, which rolls this guard back too), that
         token banned where decoding resumes, and ``Rollback(n)`` raised for the decode loop;
-        nothing when no rollback is needed or this guard can make none."""
-        drop = self._drop(logits)
-        if drop:
+        nothing when no rollback is needed or this guard can make none. ``roll_back=None``:
+        mask only (a branch explored without decoding it: ``chatkit.choices``)."""
+        drop = self._drop(logits, plan=roll_back is not None)
+        if drop and roll_back is not None:
             banned = self.tokens[-drop]
             roll_back(drop)
             self.bans.setdefault(len(self.tokens), set()).add(banned)
             raise Rollback(drop)
 
-    def _drop(self, logits: NDArray[np.float32]) -> int:
+    def _drop(self, logits: NDArray[np.float32], *, plan: bool = True) -> int:
         """:meth:`filter`'s masking; the tokens to drop (0: none)."""
         banned = self.bans.get(len(self.tokens))
         if banned:
@@ -335,7 +337,8 @@ class Guard:
             self.stuck += 1  # a string whose every end fails: it may never end well
         else:
             self.stuck = 0
-        if self.stuck <= STUCK_STEPS and (not (banned or failed) or logits.max() > -np.inf):
+        if not plan or (self.stuck <= STUCK_STEPS
+                        and (not (banned or failed) or logits.max() > -np.inf)):
             return 0
         self.stuck = 0
         return self._roll_back_point(failed)
@@ -382,15 +385,14 @@ class Guard:
         is spent."""
         n = len(self.tokens)
         if failed:
-            floor = max(failed)
-            if floor >= len(self.text):  # the failing value would start in the token
-                open_starts = [f[START] for f in self.scan.stack]
-                if self.scan.scalar is not None:
-                    open_starts.append(self.scan.scalar[1])
-                floor = max(open_starts, default=0)
-            self.floor = floor
+            self.floor = max(failed)
         elif self.floor < 0:
             return 0  # nothing this guard masked: the grammar's own dead end
+        if self.floor >= len(self.text):  # the failing value starts in the token (or did,
+            open_starts = [f[START] for f in self.scan.stack]  # before a rollback)
+            if self.scan.scalar is not None:
+                open_starts.append(self.scan.scalar[1])
+            self.floor = max(open_starts, default=0)
         target = -1
         for start in reversed(self.starts):
             if start < self.floor:

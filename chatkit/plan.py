@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .checks import relaxed_schema
 from .constraints import Constraint
 from .engine import Engine, GenerateRequest, Vocabulary
 from .errors import ContextOverflow, InvalidParameter
@@ -340,8 +341,7 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
                          "schema grammar").clone()
 
     def build() -> Constraint:
-        checks = Constraint.json_schema(loaded).checks  # what a value check enforces
-        source = loaded.doc if checks is None else checks.grammar_doc
+        source, checks = relaxed_schema(loaded.doc)  # what a value check enforces
         doc = bound_numbers(closed_objects(source) if isinstance(source, dict) else source)
         embedded: dict[str, Any] = dict(doc) if isinstance(doc, dict) else {"anyOf": [doc]}
         embedded["x-guidance"] = {**json_options(), **embedded.get("x-guidance", {})}

@@ -369,3 +369,65 @@ def test_a_rollback_bans_the_token_that_chose_not_the_bytes_forced(smol: Model) 
         c.commit(token)
     guard = c._guard
     assert guard is not None and guard.choices == [False, True]
+
+
+NOT_ONE = {"type": "integer", "not": {"const": 1}}
+
+
+@pytest.mark.parametrize(("schema", "invalid"), [
+    # a $ref cycle: B reaches the relaxed node only through A
+    ({"type": "object", "properties": {"first": {"$ref": "#/$defs/A"},
+                                       "second": {"$ref": "#/$defs/B"}},
+      "$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"},
+                                                       "n": NOT_ONE}},
+                "B": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}}},
+     [{"first": {"b": {"a": {"n": 1}}}}, {"second": {"a": {"n": 1}}}]),
+    # $refs the local resolver does not follow (percent-encoded, $id-relative)
+    ({"type": "object", "properties": {"p": {"$ref": "#/$defs/a%20b"}},
+      "$defs": {"a b": {"type": "object", "properties": {"n": NOT_ONE}}}},
+     [{"p": {"n": 1}}]),
+    ({"$id": "http://example.com/root.json", "type": "object",
+      "properties": {"p": {"$ref": "item.json"}},
+      "$defs": {"i": {"$id": "item.json", "type": "object", "properties": {"n": NOT_ONE}}}},
+     [{"p": {"n": 1}}]),
+])
+def test_no_relaxed_keyword_escapes_its_check(smol: Model, schema: dict[str, Any],
+                                              invalid: list[Any]) -> None:
+    c = Constraint.json_schema(schema, model=smol)
+    for data in invalid:
+        assert not _accepts(c, smol, data), data
+
+
+def test_refs_reused_on_many_paths_fall_back_to_one_whole_document_check() -> None:
+    defs: dict[str, Any] = {"d20": {"type": "integer", "not": {"const": 1}}}
+    for i in range(20):
+        defs[f"d{i}"] = {"type": "object", "properties": {
+            "l": {"$ref": f"#/$defs/d{i + 1}"}, "r": {"$ref": f"#/$defs/d{i + 1}"}}}
+    checks = Constraint.json_schema({"$ref": "#/$defs/d0", "$defs": defs}).checks
+    assert checks is not None
+    assert [(c.pattern, c.pointer) for c in checks.checks] == [((), "")]  # not 2**20
+
+
+def test_probabilities_of_a_checked_field_leave_out_what_its_check_refuses(smol: Model
+                                                                          ) -> None:
+    schema = {"type": "object", "properties": {"c": {"enum": ["red", "green", "blue"],
+                                                     "not": {"const": "red"}}},
+              "required": ["c"]}
+    reply = Conversation(smol).send("Pick a colour: red.", schema=schema, probabilities=True)
+    dist = reply.choices["/c"] if reply.choices else None
+    assert dist is not None and dist.probabilities["red"] == 0.0
+    assert reply.parsed["c"] != "red"
+
+
+def test_an_unknown_format_after_a_think_block_is_an_annotation(smol: Model) -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "format": "x-custom",
+                                                     "maxLength": 8}}, "required": ["s"]}
+    conv = Conversation(smol, template="qwen3", think_budget=8)
+    assert "s" in conv.send("A word.", schema=schema, max_tokens=60).parsed
+
+
+def test_a_subclass_builds_its_own_kind() -> None:
+    class Mine(Constraint):
+        pass
+
+    assert type(Mine.json_schema({"type": "integer"})) is Mine
