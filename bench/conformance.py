@@ -42,15 +42,7 @@ def accepts(c: Constraint, model: Model, text: str) -> bool:
     """Accepted: the grammar takes every token and ends, and (a schema with value checks)
     every check passes at the value boundaries the tokens cross, the stop token's
     included."""
-    c.reset()
-    tokens = model.tokenize(text, special=False)
-    if c.valid_prefix_len(tokens) != len(tokens):
-        return False
-    for t in tokens:
-        if not c.passes_checks(t):
-            return False
-        c.commit(t)
-    return c.is_accepting() and c.passes_checks(c.stop_token)
+    return c.accepts(model.tokenize(text, special=False))
 
 
 class Tally:

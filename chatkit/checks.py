@@ -105,16 +105,21 @@ class Check:
     """``node``'s ``propertyNames``: each key is also checked at its end."""
 
     def matches(self, path: tuple[str | int, ...]) -> bool:
-        pattern = self.pattern
-        if len(pattern) != len(path):
-            return False
-        for want, got in zip(pattern, path, strict=True):
-            if want is None:
-                if not isinstance(got, int):
-                    return False
-            elif want != got:
+        return len(self.pattern) == len(path) and matches_from_root(self.pattern, path)
+
+
+def matches_from_root(pattern: tuple[PathPart, ...], path: tuple[str | int, ...]) -> bool:
+    """Whether ``path`` matches the first ``len(path)`` parts of ``pattern`` (None: any
+    array index)."""
+    if len(pattern) < len(path):
+        return False
+    for want, got in zip(pattern, path, strict=False):
+        if want is None:
+            if not isinstance(got, int):
                 return False
-        return True
+        elif want != got:
+            return False
+    return True
 
 
 @dataclass

@@ -30,6 +30,7 @@ from .checks import Checks, UnknownFormats, compile_relaxed
 from .engine import Vocabulary
 from .errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from .guard import Guard, chosen
+from .masks import Prepared, apply_prepared, bit_set, mask_words, prepare_bitmask
 from .schema import (
     NUMBER_DIGITS,
     Digits,
@@ -90,7 +91,7 @@ class GrammarSteps:
 
     def _fill(self) -> NDArray[np.int32] | None:
         """The current state's mask words, padding cleared (None: matcher in error)."""
-        return _mask_words(self._matcher, self._mask, self._static)
+        return mask_words(self._matcher, self._mask, self._static)
 
     def _compute(self) -> Prepared | None:
         """Mask for the current state, ready to apply (None when the matcher is in error)."""
@@ -125,7 +126,7 @@ class GrammarSteps:
         asks this about the unmasked argmax first (``check_first``).
         """
         m = self._live()
-        if not _bit_set(self._static, token):
+        if not bit_set(self._static, token):
             return False  # padding ids, or not a token id
         guard = self._guard
         if guard is not None and not guard.allows(token):
@@ -185,6 +186,19 @@ class GrammarSteps:
     def valid_prefix_len(self, draft: Sequence[int]) -> int:
         """How many leading tokens of ``draft`` the grammar accepts, in order (pure)."""
         return int(self._live().validate_tokens(list(draft)))
+
+    def accepts(self, tokens: Sequence[int]) -> bool:
+        """Reset, then whether ``tokens`` are a complete reply this constraint accepts: the
+        grammar takes each and ends, and every value check passes where the tokens cross a
+        value's end (the stop token's included). Leaves the state after them."""
+        self.reset()
+        if self.valid_prefix_len(tokens) != len(tokens):
+            return False
+        for t in tokens:
+            if not self.passes_checks(t):
+                return False
+            self.commit(t)
+        return self.is_accepting() and self.passes_checks(self.stop_token)
 
     def passes_checks(self, token: int) -> bool:
         """Whether the value checks let ``token`` through now (True without checks); with
@@ -472,25 +486,6 @@ def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> Any:
     return llguidance.LLMatcher(tok, grammar, log_level=0)
 
 
-def _mask_words(matcher: Any, mask: NDArray[np.int32],
-                static: NDArray[np.int32]) -> NDArray[np.int32] | None:
-    """``matcher``'s mask computed into ``mask`` (one row), ``static``'s cleared bits
-    cleared (None: the matcher is in error)."""
-    matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
-    if matcher.is_error():
-        return None
-    words: NDArray[np.int32] = mask[0]
-    np.bitwise_and(words, static, out=words)
-    return words
-
-
-def _bit_set(words: NDArray[np.int32], token: int) -> bool:
-    """Whether ``token``'s bit is set in mask ``words`` (False past their end)."""
-    if not 0 <= token < words.shape[0] * 32:
-        return False
-    return bool((int(words[token >> 5]) >> (token & 31)) & 1)
-
-
 class _NextMask:
     """The mask of a constraint's next step, computed ahead: in a worker thread after each
     commit (prefetch), or at once by a check; taken once by the step."""
@@ -538,54 +533,6 @@ def _refusal(kind: ConstraintKind, message: str) -> Exception:
     if kind == "json_schema":
         return SchemaInvalid(message)
     return GrammarInvalid(kind, message)
-
-
-def _bit_ids(words: NDArray[np.int32], which: NDArray[np.intp]) -> NDArray[np.intp]:
-    """Token ids of the set bits in ``words[which]``."""
-    bits = np.unpackbits(words[which].view(np.uint8), bitorder="little").reshape(-1, 32)
-    rows, cols = np.nonzero(bits)
-    return which[rows] * 32 + cols
-
-
-# Byte -> its 8 bits as additive logit biases (0 allowed, -inf forbidden), little-endian.
-_BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, 0.0, -np.inf).astype(
-    np.float32
-)
-
-
-Prepared = tuple[Literal["sparse", "dense"], NDArray[Any]]
-
-
-def prepare_bitmask(words: NDArray[np.int32], n: int) -> Prepared:
-    """Turn mask words into what :func:`apply_prepared` needs (can run off the main thread).
-
-    A sparse mask (few allowed words) becomes the list of allowed ids; any
-    other becomes an additive bias row (0 allowed, -inf forbidden) expanded
-    byte by byte through a 256x8 table: branch-free, ~85-115 us at 262k vocab
-    where a boolean ``putmask`` takes ~300-500 us.
-    """
-    allowed_words = np.flatnonzero(words)
-    if allowed_words.shape[0] <= words.shape[0] // 16:
-        ids = _bit_ids(words, allowed_words)
-        return "sparse", ids[ids < n]
-    bias = np.take(_BYTE_BIAS, words.view(np.uint8), axis=0).reshape(-1)
-    return "dense", bias[:n]
-
-
-def apply_prepared(logits: NDArray[np.float32], prepared: Prepared) -> None:
-    """Set the forbidden logits to -inf, in place (~10-60 us)."""
-    kind, data = prepared
-    if kind == "sparse":
-        keep = logits[data]
-        logits.fill(-np.inf)
-        logits[data] = keep
-    else:
-        np.add(logits, data, out=logits)
-
-
-def apply_bitmask(logits: NDArray[np.float32], words: NDArray[np.int32]) -> None:
-    """Set logits whose bit is 0 to -inf, in place; bits past ``len(logits)`` are ignored."""
-    apply_prepared(logits, prepare_bitmask(words, logits.shape[0]))
 
 
 _pool: ThreadPoolExecutor | None = None

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .checks import Check, Checks
+from .checks import Checks, matches_from_root
 from .engine import Vocabulary
 from .errors import ChecksExhausted
 from .sampling import Rollback
@@ -280,8 +280,7 @@ class Guard:
         for check in self.checks.checks:
             if any(check.matches(p) for p in paths):
                 return True
-            if nxt is not None and len(check.pattern) >= len(nxt) \
-                    and _prefix_matches(check.pattern, nxt):
+            if nxt is not None and matches_from_root(check.pattern, nxt):
                 return True
         return False
 
@@ -429,10 +428,6 @@ def chosen(matcher: Any, data: bytes) -> bool:
     same bytes)."""
     forced = bytes(matcher.compute_ff_bytes())
     return not forced or not forced.startswith(data)
-
-
-def _prefix_matches(pattern: tuple[Any, ...], path: Path) -> bool:
-    return Check(pattern[: len(path)], {}, "", ()).matches(path)
 
 
 def _pointer_at(scan: Scan, start: int) -> Path | None:

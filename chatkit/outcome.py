@@ -5,22 +5,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import decoding
 from .constraints import Constraint
-from .decoding import Decoder, decide_finish
+from .decoding import Decoder, decide_finish, usage_of
 from .errors import SchemaViolation, Truncated
-from .messages import Message, Reply, ToolCall, Usage
+from .messages import Message, Reply, ToolCall
 from .plan import TurnPlan
 from .tools.grammar import parse_calls
 
 __all__: list[str] = []
 
 _log = logging.getLogger("chatkit")
-
-
-def usage_of(d: Decoder) -> Usage:
-    """Token counts and timings of a decode so far."""
-    return decoding.usage_of(d)
 
 
 def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: str, *,

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .decoding import Decoder, speculate
+from .decoding import Decoder, speculate, usage_of
 from .emit import TextEmitter
 from .engine import Engine, GenerateRequest, SeqChunk, StepEngine
 from .errors import EngineBusy, InvalidParameter, RemoteUnsupported
 from .messages import Message, Reply, Usage
-from .outcome import reply_of, usage_of
+from .outcome import reply_of
 from .plan import TurnPlan, common_prefix, request_for
 from .sampling import DraftAwareProcessor, Logits
 from .speculative import ConstrainedSource, CostGate, PromptLookupSource
