@@ -250,6 +250,7 @@ def test_a_failing_value_rolls_back_and_the_reply_is_valid(smol: Model) -> None:
     assert dec.kv_tokens() == dec.prompt + dec.tokens[: len(dec.kv_tokens()) - len(dec.prompt)]
 
 
+@pytest.mark.bitwise  # a continued sequence against a fresh prefill, row for row
 def test_the_kv_cache_after_a_rollback_holds_exactly_the_tokens_kept(smol: Model) -> None:
     """The cells a rollback dropped are gone: the rolled-back sequence, continued to the end
     of the reply, gives the same last row as the reply's tokens evaluated afresh in
