@@ -40,8 +40,8 @@ import jsonschema
 import llama_cpp
 
 from chatkit import ChatkitError, Conversation, Model, Tool
-from chatkit.compute import run_on_compute
-from chatkit.model import default_model_path, default_threads
+from chatkit.engine.compute import run_on_compute
+from chatkit.engine.model import default_model_path, default_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "bench" / "corpora" / "bfcl"

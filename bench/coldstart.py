@@ -125,7 +125,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--baseline", type=Path, help="another chatkit tree to time (cached)")
     args = ap.parse_args()
-    from chatkit.model import default_model_path
+    from chatkit.engine.model import default_model_path
     from tests.conftest import gemma_path
 
     pycache = tempfile.mkdtemp(prefix="chatkit-pycache-")

@@ -27,8 +27,8 @@ import llguidance
 import numpy as np
 
 from chatkit import ChatkitError, Constraint, Model
-from chatkit import schema_check as schema_module
-from chatkit.schema import json_options
+from chatkit.grammar import schema_check as schema_module
+from chatkit.grammar.schema import json_options
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPORA = ROOT / "bench" / "corpora"

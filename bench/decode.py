@@ -28,9 +28,9 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-import chatkit.constraints as constraints_mod
+import chatkit.grammar.constraints as constraints_mod
 from chatkit import Constraint, Model, Sampler, SamplingParams, generate
-from chatkit.compute import run_on_compute
+from chatkit.engine.compute import run_on_compute
 
 SCHEMA = {
     "type": "object",

@@ -48,7 +48,7 @@ import numpy as np
 from decode import gemma_path, raw_loop
 
 from chatkit import Constraint, Model, Sampler, generate
-from chatkit.compute import run_on_compute
+from chatkit.engine.compute import run_on_compute
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
@@ -153,7 +153,7 @@ def outlines_run(om: Any, guard: OutlinesGuard, prompt: str, schema: dict[str, A
 
 def ours_run(model: Model, prompt: str, schema: dict[str, Any] | None, max_tokens: int,
              speculative: bool) -> dict[str, Any]:
-    from chatkit.speculative import ConstrainedSource, PromptLookupSource
+    from chatkit.decode.speculative import ConstrainedSource, PromptLookupSource
 
     t0 = time.perf_counter()
     c = Constraint.json_schema(schema, model=model) if schema is not None else None
@@ -187,7 +187,7 @@ def run(key: tuple[str, str], schema: dict[str, Any], prompt: str, max_tokens: i
     engine, mode = key
     constrained = None if mode in {"unconstrained", "raw decode loop"} else schema
     # The peers run on chatkit's compute thread: libgomp keeps a thread team per thread that
-    # has decoded, and two live teams slow each other 2-3x (chatkit/compute.py).
+    # has decoded, and two live teams slow each other 2-3x (chatkit/engine/compute.py).
     if engine == "llama.cpp":
         return run_on_compute(raw_run, model, prompt, max_tokens)
     if engine == "chatkit":

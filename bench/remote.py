@@ -45,7 +45,7 @@ from chatkit import (
     Truncated,
     UserError,
 )
-from chatkit.model import default_model_path
+from chatkit.engine.model import default_model_path
 
 TOOLS = [
     {"type": "function", "function": {

@@ -40,7 +40,7 @@ import httpx
 import openai
 from peers import ROOT, SCHEMAS, valid
 
-from chatkit.model import default_model_path
+from chatkit.engine.model import default_model_path
 
 
 def prompt(schema: dict[str, Any]) -> str:

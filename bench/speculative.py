@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from chatkit import Constraint, Model, Sampler, generate
-from chatkit.speculative import ConstrainedSource, CostGate, PromptLookupSource
+from chatkit.decode.speculative import ConstrainedSource, CostGate, PromptLookupSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))

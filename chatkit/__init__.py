@@ -39,14 +39,26 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .agent import ToolResult, execute_calls
-    from .backends import BuildInfo, Device
-    from .batch import BatchItem, asend_batch, send_batch
-    from .choices import ChoiceProbabilities
-    from .constraints import Constraint
-    from .conversation import Conversation
-    from .decoding import Generation, generate
-    from .engine import (
+    from .chat.batch import BatchItem, asend_batch, send_batch
+    from .chat.conversation import Conversation
+    from .chat.partial import FieldEvent, Partial
+    from .chat.quorum import QuorumOptions, QuorumResult, aquorum, quorum
+    from .chat.runner import AsyncReplyStream, ReplyStream
+    from .chat.scheduler import EngineLoop, Ticket, engine_loop
+    from .decode.decoding import Generation, generate
+    from .decode.options import TurnOptions
+    from .decode.sampling import (
+        CheckingProcessor,
+        DraftAwareProcessor,
+        GrammarProcessor,
+        LogitProcessor,
+        Sampler,
+        SamplingParams,
+    )
+    from .decode.speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
+    from .engine.backends import BuildInfo, Device
+    from .engine.model import Model, Placement, build_info
+    from .engine.protocols import (
         Engine,
         GenerateEngine,
         GenerateRequest,
@@ -55,52 +67,40 @@ if TYPE_CHECKING:
         StepEngine,
         Vocabulary,
     )
-    from .mcp import MCPToolset
+    from .grammar.choices import ChoiceProbabilities
+    from .grammar.constraints import Constraint
+    from .grammar.schema import SchemaInput, SchemaReader
     from .messages import FinishReason, Message, Reply, Role, TokenLogprob, ToolCall, Usage
-    from .model import Model, Placement, build_info
-    from .options import TurnOptions
-    from .partial import FieldEvent, Partial
-    from .quorum import QuorumOptions, QuorumResult, aquorum, quorum
-    from .remote import RemoteEngine
-    from .runner import AsyncReplyStream, ReplyStream
-    from .sampling import (
-        CheckingProcessor,
-        DraftAwareProcessor,
-        GrammarProcessor,
-        LogitProcessor,
-        Sampler,
-        SamplingParams,
-    )
-    from .scheduler import EngineLoop, Ticket, engine_loop
-    from .schema import SchemaInput, SchemaReader
-    from .speculative import ConstrainedSource, CostGate, DraftSource, PromptLookupSource
+    from .remote.engine import RemoteEngine
     from .templates import ChatTemplate, Segment
     from .tools import ModelRetry, Tool, ToolDefinition, tool
+    from .tools.agent import ToolResult, execute_calls
+    from .tools.mcp import MCPToolset
 
 _LAZY = {
-    "ToolResult": "agent",
-    "execute_calls": "agent",
-    "BuildInfo": "backends",
-    "Device": "backends",
-    "BatchItem": "batch",
-    "asend_batch": "batch",
-    "send_batch": "batch",
-    "Constraint": "constraints",
-    "AsyncReplyStream": "runner",
-    "ChoiceProbabilities": "choices",
-    "FieldEvent": "partial",
-    "Partial": "partial",
-    "Conversation": "conversation",
-    "ReplyStream": "runner",
-    "Generation": "decoding",
-    "generate": "decoding",
-    "Engine": "engine",
-    "GenerateEngine": "engine",
-    "GenerateRequest": "engine",
-    "GenerateResult": "engine",
-    "SeqChunk": "engine",
-    "StepEngine": "engine",
-    "Vocabulary": "engine",
+    "ToolResult": "tools.agent",
+    "execute_calls": "tools.agent",
+    "BuildInfo": "engine.backends",
+    "Device": "engine.backends",
+    "BatchItem": "chat.batch",
+    "asend_batch": "chat.batch",
+    "send_batch": "chat.batch",
+    "Constraint": "grammar.constraints",
+    "AsyncReplyStream": "chat.runner",
+    "ChoiceProbabilities": "grammar.choices",
+    "FieldEvent": "chat.partial",
+    "Partial": "chat.partial",
+    "Conversation": "chat.conversation",
+    "ReplyStream": "chat.runner",
+    "Generation": "decode.decoding",
+    "generate": "decode.decoding",
+    "Engine": "engine.protocols",
+    "GenerateEngine": "engine.protocols",
+    "GenerateRequest": "engine.protocols",
+    "GenerateResult": "engine.protocols",
+    "SeqChunk": "engine.protocols",
+    "StepEngine": "engine.protocols",
+    "Vocabulary": "engine.protocols",
     "FinishReason": "messages",
     "Message": "messages",
     "Reply": "messages",
@@ -108,37 +108,37 @@ _LAZY = {
     "ToolCall": "messages",
     "TokenLogprob": "messages",
     "Usage": "messages",
-    "MCPToolset": "mcp",
-    "Model": "model",
-    "Placement": "model",
-    "build_info": "model",
-    "QuorumOptions": "quorum",
-    "QuorumResult": "quorum",
-    "aquorum": "quorum",
-    "quorum": "quorum",
-    "CheckingProcessor": "sampling",
-    "DraftAwareProcessor": "sampling",
-    "GrammarProcessor": "sampling",
-    "LogitProcessor": "sampling",
-    "Sampler": "sampling",
-    "SamplingParams": "sampling",
-    "RemoteEngine": "remote",
-    "EngineLoop": "scheduler",
-    "Ticket": "scheduler",
-    "engine_loop": "scheduler",
-    "SchemaInput": "schema",
-    "SchemaReader": "schema",
-    "ConstrainedSource": "speculative",
-    "CostGate": "speculative",
-    "DraftSource": "speculative",
-    "PromptLookupSource": "speculative",
+    "MCPToolset": "tools.mcp",
+    "Model": "engine.model",
+    "Placement": "engine.model",
+    "build_info": "engine.model",
+    "QuorumOptions": "chat.quorum",
+    "QuorumResult": "chat.quorum",
+    "aquorum": "chat.quorum",
+    "quorum": "chat.quorum",
+    "CheckingProcessor": "decode.sampling",
+    "DraftAwareProcessor": "decode.sampling",
+    "GrammarProcessor": "decode.sampling",
+    "LogitProcessor": "decode.sampling",
+    "Sampler": "decode.sampling",
+    "SamplingParams": "decode.sampling",
+    "RemoteEngine": "remote.engine",
+    "EngineLoop": "chat.scheduler",
+    "Ticket": "chat.scheduler",
+    "engine_loop": "chat.scheduler",
+    "SchemaInput": "grammar.schema",
+    "SchemaReader": "grammar.schema",
+    "ConstrainedSource": "decode.speculative",
+    "CostGate": "decode.speculative",
+    "DraftSource": "decode.speculative",
+    "PromptLookupSource": "decode.speculative",
     "ChatTemplate": "templates",
     "Segment": "templates",
     "ModelRetry": "tools",
     "Tool": "tools",
     "ToolDefinition": "tools",
     "tool": "tools",
-    "TurnOptions": "options",
+    "TurnOptions": "decode.options",
 }
 
 
@@ -149,7 +149,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     loaded = importlib.import_module(f".{module}", __name__)
-    # Bind every name of that module now: importing ``chatkit.quorum`` also sets the
+    # Bind every name of that module now: importing ``chatkit.chat.quorum`` also sets the
     # package attribute ``quorum`` to the submodule, which the function must replace.
     for other, where in _LAZY.items():
         if where == module:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid
 
 if TYPE_CHECKING:
-    from .constraints import Constraint
+    from .grammar.constraints import Constraint
 
 __all__: list[str] = []
 
@@ -83,7 +83,7 @@ def _is_file(value: str) -> bool:
 
 def _constraint(args: argparse.Namespace) -> Constraint | None:
     """Build (and so check) the constraint before anything touches the model."""
-    from .constraints import Constraint
+    from .grammar.constraints import Constraint
 
     if args.json_schema is not None:
         raw = _read_arg(args.json_schema, what="--json-schema", error=SchemaInvalid)
@@ -133,9 +133,9 @@ def _run(args: argparse.Namespace) -> int:
     constraint = _constraint(args)
     _check_run_flags(args, constraint)
 
-    from .conversation import Conversation
-    from .model import Model
-    from .sampling import SamplingParams
+    from .chat.conversation import Conversation
+    from .decode.sampling import SamplingParams
+    from .engine.model import Model
 
     # --probabilities branches on a second KV sequence
     model = Model.load(args.model, n_ctx=args.n_ctx, n_seq_max=2 if args.probabilities else 1,
@@ -209,7 +209,7 @@ def _run_agent(args: argparse.Namespace, conv: Any, prompt: str,
     import contextlib
     import os
 
-    from .mcp import MCPToolset
+    from .tools.mcp import MCPToolset
 
     with contextlib.ExitStack() as stack:
         quiet = None if args.debug else stack.enter_context(open(os.devnull, "w"))
@@ -241,7 +241,7 @@ def _tty_progress(what: str) -> Callable[[float], None] | None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .model import Model, build_info
+    from .engine.model import Model, build_info
 
     model = Model.load(args.model, n_ctx=256, n_seq_max=1, **_placement(args))
     print(f"path: {model.path}")
@@ -281,7 +281,7 @@ def _layers(value: str) -> int:
 
 
 SPLIT_MODES = ("layer", "none", "row", "tensor")
-"""``--split-mode`` choices: ``chatkit.model.SPLIT_MODES`` (not imported here: ``chatkit
+"""``--split-mode`` choices: ``chatkit.engine.model.SPLIT_MODES`` (not imported here: ``chatkit
 --help`` does not load llama.cpp)."""
 
 
@@ -306,12 +306,12 @@ def _serve(args: argparse.Namespace) -> int:
     import os
 
     try:
-        from .server import serve
+        from .serve.server import serve
     except ImportError as exc:
         raise UsageError(f"chatkit serve needs the serve extra (pip install 'chatkit[serve]'):"
                          f" {exc}") from None
-    from .model import Model
-    from .openai_api import ServerLimits
+    from .engine.model import Model
+    from .serve.openai_api import ServerLimits
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq

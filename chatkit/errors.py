@@ -48,7 +48,7 @@ status::
                                            continuation within the rollback budget
                                            (keywords, path, rollbacks)
 
-The OpenAI error fields (``chatkit.openai_api.translate_error`` reads them):
+The OpenAI error fields (``chatkit.serve.openai_api.translate_error`` reads them):
 
 =====================  ======================  =========================  ==================
 class                  ``type``                ``code``                   ``param``

@@ -222,4 +222,4 @@ class Reply(Generic[T]):
     alternatives."""
     choices: dict[str, Any] | None = None
     """Per field (JSON pointer) asked for with ``probabilities=``: its
-    :class:`~chatkit.choices.ChoiceProbabilities`."""
+    :class:`~chatkit.grammar.choices.ChoiceProbabilities`."""

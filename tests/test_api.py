@@ -154,7 +154,87 @@ def test_the_module_graph_has_no_cycles() -> None:
         if node not in state:
             visit(node, [])
     assert graph["chatkit.tools.definition"].isdisjoint(
-        {"chatkit.conversation", "chatkit.agent", "chatkit.turn"})
+        {"chatkit.chat.conversation", "chatkit.tools.agent", "chatkit.chat.turn"})
+
+
+# ------------------------------------------------------------------ layers
+# The package's floors, lowest first: a module may import its own floor and the floors
+# below it, never one above (each subpackage's ``__init__`` says the same in words).
+LAYERS: list[set[str]] = [
+    {"chatkit.errors", "chatkit.messages"},
+    {"chatkit.engine"},
+    {"chatkit.templates"},
+    {"chatkit.grammar"},
+    {"chatkit.decode"},
+    {"chatkit.remote", "chatkit.tools"},
+    {"chatkit.chat"},
+    {"chatkit.serve"},
+    {"chatkit.cli"},
+]
+
+
+def _unit(module: str) -> str:
+    """``chatkit.chat.turn`` -> ``chatkit.chat``; root modules are their own unit."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def _floor(module: str) -> int:
+    unit = _unit(module)
+    for i, layer in enumerate(LAYERS):
+        if unit in layer:
+            return i
+    raise AssertionError(f"{module} sits on no floor: add its unit to LAYERS")
+
+
+def _layer_offences() -> list[str]:
+    offences = []
+    for path in _files():
+        if path == PACKAGE / "__init__.py" or path.name == "__main__.py":
+            continue
+        module = "chatkit." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        for target, names, _ in _imports(path):
+            if target == "chatkit":
+                continue
+            if names and target.count(".") == 1 and _unit(target) == target:
+                # ``from chatkit.engine import diskcache``: the modules imported
+                targets = [f"{target}.{n}" for n in names]
+            else:
+                targets = [target]
+            for t in targets:
+                if _unit(t) != _unit(module) and _floor(t) > _floor(module):
+                    offences.append(f"{module} -> {t}")
+    return offences
+
+
+def test_subpackages_import_only_lower_layers() -> None:
+    """Layers by subpackage: engine < templates < grammar < decode < tools, remote < chat
+    < serve < cli (TYPE_CHECKING imports included)."""
+    assert _layer_offences() == []
+
+
+def test_layer_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positive control: the server put on the floor under the engine is an offence."""
+    lowered = [LAYERS[0], {"chatkit.serve"}, *(s for s in LAYERS[1:] if s != {"chatkit.serve"})]
+    monkeypatch.setattr(sys.modules[__name__], "LAYERS", lowered)
+    assert any(o.startswith("chatkit.serve.") for o in _layer_offences())
+
+
+def test_the_tree_shows_the_layers() -> None:
+    """At most four modules at the root besides ``__init__`` and ``__main__``; at least five
+    subpackages, none over 14 modules, each with a docstring that says its job and what it
+    must never import."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py")
+                  if p.name not in {"__init__.py", "__main__.py"})
+    assert len(root) <= 4, root
+    subpackages = sorted(p.parent for p in PACKAGE.glob("*/__init__.py"))
+    assert len(subpackages) >= 5, subpackages
+    for sub in subpackages:
+        modules = [p for p in sub.glob("*.py") if p.name != "__init__.py"]
+        assert len(modules) <= 14, (sub.name, len(modules))
+        doc = ast.get_docstring(ast.parse((sub / "__init__.py").read_text())) or ""
+        assert "Job:" in doc and "Never imports:" in doc, sub.name
 
 
 # ------------------------------------------------------------------ the package's shape
@@ -212,7 +292,7 @@ def test_the_engine_kind_is_dispatched_in_one_module() -> None:
     """A local engine steps turns, a remote one answers requests: only ``runner`` asks
     which one it has."""
     sites = _nodes(_kind_check)
-    assert sites and {s.split(":")[0] for s in sites} == {"runner.py"}, sites
+    assert sites and {s.split(":")[0] for s in sites} == {"chat/runner.py"}, sites
 
 
 def _reach_through(node: ast.AST) -> bool:
@@ -224,7 +304,7 @@ def test_nothing_reaches_through_a_turn() -> None:
     """``turn.decoder.x`` / ``turn.plan.x`` stay inside ``turn.py``: drivers, the server and
     the conversation use the turn's own accessors."""
     sites = _nodes(_reach_through)
-    assert sites and {s.split(":")[0] for s in sites} == {"turn.py"}, sites
+    assert sites and {s.split(":")[0] for s in sites} == {"chat/turn.py"}, sites
 
 
 CHECKED_OPTIONS = {"max_tokens", "stop", "tool_choice", "tool_call_threshold",
@@ -242,5 +322,5 @@ def test_each_option_is_checked_in_one_place() -> None:
     the CLI and the server call its checks), except where a driver cannot run an option at
     all (speculation in a lockstep batch)."""
     sites = _nodes(_option_refusal)
-    assert {s.split(":")[0] for s in sites} == {"options.py", "batch.py"}, sites
-    assert sum(s.startswith("batch.py") for s in sites) == 1
+    assert {s.split(":")[0] for s in sites} == {"decode/options.py", "chat/batch.py"}, sites
+    assert sum(s.startswith("chat/batch.py") for s in sites) == 1

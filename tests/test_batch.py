@@ -152,8 +152,8 @@ def test_quorum_shares_the_prefix_and_votes(unified: Model) -> None:
 
 
 def test_tally_reports_ties_and_dissent() -> None:
+    from chatkit.chat.quorum import tally
     from chatkit.messages import Reply, Usage
-    from chatkit.quorum import tally
 
     u = Usage(1, 1, 0, 0.0, 0.0)
     mk = lambda d: Reply("", "stop", u, parsed={"decision": d})  # noqa: E731

@@ -30,11 +30,11 @@ from chatkit import (
     SchemaUnsupported,
     Truncated,
 )
-from chatkit.checks import Checks
-from chatkit.decoding import Decoder
-from chatkit.guard import Scan
-from chatkit.remote import RemoteEngine
-from chatkit.sampling import Sampler
+from chatkit.decode.decoding import Decoder
+from chatkit.decode.sampling import Sampler
+from chatkit.grammar.checks import Checks
+from chatkit.grammar.guard import Scan
+from chatkit.remote.engine import RemoteEngine
 
 from .helpers import Biased, chat_prompt, free_port
 

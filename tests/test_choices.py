@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from chatkit import Conversation, InvalidParameter, Model, SamplingParams, quorum, send_batch
-from chatkit.choices import enumerable_fields, value_spans
+from chatkit.grammar.choices import enumerable_fields, value_spans
 
 
 class Triage(BaseModel):

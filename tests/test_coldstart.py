@@ -16,11 +16,11 @@ import llguidance.numpy
 import numpy as np
 import pytest
 
-import chatkit.llama_log as llama_log
-import chatkit.vocab as cv
+import chatkit.engine.llama_log as llama_log
+import chatkit.engine.vocab as cv
 from chatkit import Conversation, Model, ModelLoadError
-from chatkit.llg_prebuild import TokenizerPrebuild
-from chatkit.model import default_model_path
+from chatkit.engine.llg_prebuild import TokenizerPrebuild
+from chatkit.engine.model import default_model_path
 
 from .conftest import ROOT, gemma_path
 
@@ -330,7 +330,7 @@ def test_slices_only_for_grammars_with_bounded_strings(cache: Path) -> None:
 
 
 def test_wants_slices() -> None:
-    from chatkit.constraints import wants_slices
+    from chatkit.grammar.constraints import wants_slices
 
     assert wants_slices(llguidance.LLMatcher.grammar_from_json_schema(BOUNDED))
     assert not wants_slices(llguidance.LLMatcher.grammar_from_json_schema(SCHEMA))

@@ -261,7 +261,7 @@ def accepts(c: Constraint, model: Model, text: str) -> bool:
 def test_spare_core_is_decided_once_per_model(smol: Model) -> None:
     from types import SimpleNamespace
 
-    from chatkit import constraints
+    from chatkit.grammar import constraints
 
     Constraint.regex("a", model=smol)
     decided = smol.cache(constraints._SPARE_CORE_KEY, lambda: pytest.fail("not cached"))

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from chatkit import errors
-from chatkit.openai_api import translate_error
+from chatkit.serve.openai_api import translate_error
 
 PUBLIC = [getattr(errors, name) for name in errors.__all__
           if inspect.isclass(getattr(errors, name))]

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from chatkit import Model
-from chatkit.openai_api import ServerLimits
-from chatkit.server import ChatkitServer
+from chatkit.serve.openai_api import ServerLimits
+from chatkit.serve.server import ChatkitServer
 from tests.test_server import _Running
 
 NAME = "smollm2"

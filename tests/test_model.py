@@ -18,7 +18,7 @@ from chatkit import (
     ModelNotFound,
     SeqChunk,
 )
-from chatkit.model import default_model_path
+from chatkit.engine.model import default_model_path
 
 TEXT = "Grüße, 世界! 🦙 naïve café — \"quotes\" <|im_end|> {x: 1}\n\ttab"
 

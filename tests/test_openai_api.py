@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from chatkit.decode.options import check_tool_choice
 from chatkit.errors import EngineBusy, InvalidParameter, SchemaUnsupported
-from chatkit.openai_api import (
+from chatkit.serve.openai_api import (
     RequestError,
     ServerLimits,
     finish_reason,
@@ -16,7 +17,6 @@ from chatkit.openai_api import (
     parse_completion,
     translate_error,
 )
-from chatkit.options import check_tool_choice
 
 LIMITS = ServerLimits()
 USER = [{"role": "user", "content": "hi"}]
@@ -112,7 +112,7 @@ def test_penalties_reach_the_sampler() -> None:
     ({"messages": [{"role": "user", "content": "x", "\udfff": 1}]}, "invalid_unicode"),
 ])
 def test_bodies_a_model_cannot_take_are_named(body: Any, code: str) -> None:
-    from chatkit.openai_api import check_body
+    from chatkit.serve.openai_api import check_body
 
     with pytest.raises(RequestError) as info:
         check_body(body)

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from chatkit import Conversation, Model, SamplingParams, tool
-from chatkit.partial import Partial, PartialReader
+from chatkit.chat.partial import Partial, PartialReader
 
 SCHEMAS = sorted((Path(__file__).parent / "fixtures" / "schemas").glob("*.json"))
 

@@ -14,7 +14,7 @@ import llama_cpp
 import pytest
 
 from chatkit import BuildInfo, Device, InvalidParameter, Model, SeqChunk, build_info
-from chatkit.backends import SPLIT_MODES, parse_system_info, plan_placement
+from chatkit.engine.backends import SPLIT_MODES, parse_system_info, plan_placement
 
 CPU_ONLY = BuildInfo(features={"CPU": {"AVX2": "1", "AVX512": "1"}}, devices=(
     Device("CPU", "Intel Xeon", "cpu", 0, 0),), gpu_offload=False, max_devices=16)
@@ -126,7 +126,7 @@ def _long_prompt_decodes(model: Model) -> None:
 
 def test_amx_protection_reaches_llama_cpp_and_a_long_prompt_decodes(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    import chatkit.model as model_module
+    import chatkit.engine.model as model_module
 
     real = build_info()
     pretend = BuildInfo(features={**real.features, "CPU": {**real.features["CPU"],

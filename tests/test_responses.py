@@ -14,8 +14,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from chatkit import Model
-from chatkit.openai_api import ServerLimits
-from chatkit.server import ChatkitServer
+from chatkit.serve.openai_api import ServerLimits
+from chatkit.serve.server import ChatkitServer
 from tests.test_server import _Running
 
 openai = pytest.importorskip("openai")

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from chatkit import Conversation, EngineBusy, Model, SamplingParams, engine_loop
-from chatkit.scheduler import EngineLoop
+from chatkit.chat.scheduler import EngineLoop
 
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},

@@ -22,7 +22,7 @@ from chatkit import (
     SchemaUnsupported,
     SchemaViolation,
 )
-from chatkit.schema import compile_json_schema, load_schema
+from chatkit.grammar.schema import compile_json_schema, load_schema
 
 from .conftest import ROOT
 
@@ -285,7 +285,7 @@ def test_fast_meta_check_agrees_with_jsonschema(monkeypatch: pytest.MonkeyPatch)
     jsonschema's message and JSON pointer; a valid schema is accepted without jsonschema."""
     import jsonschema
 
-    from chatkit import schema_check
+    from chatkit.grammar import schema_check
 
     docs = _corrupted()
     assert len(docs) > 1000
@@ -319,7 +319,7 @@ def test_draft7_check_without_jsonschema_reads_its_meta_schema() -> None:
     checks them here, and URI formats left to jsonschema when it could check them."""
     import jsonschema
 
-    from chatkit import schema_check
+    from chatkit.grammar import schema_check
 
     assert schema_check._draft7_meta() == jsonschema.Draft7Validator.META_SCHEMA
     checker = jsonschema.Draft7Validator.FORMAT_CHECKER
@@ -399,7 +399,7 @@ def test_numbers_are_bounded_in_place_where_sharing_is_unsafe(schema: dict[str, 
 
 
 def test_bound_numbers_copies_only_what_it_changes() -> None:
-    from chatkit.schema import bound_numbers
+    from chatkit.grammar.schema import bound_numbers
 
     no_numbers = {"type": "object", "properties": {"s": {"type": "string"}}}
     assert bound_numbers(no_numbers) is no_numbers

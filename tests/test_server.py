@@ -19,9 +19,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from chatkit import Model
-from chatkit.openai_api import ServerLimits
-from chatkit.scheduler import engine_loop
-from chatkit.server import ChatkitServer
+from chatkit.chat.scheduler import engine_loop
+from chatkit.serve.openai_api import ServerLimits
+from chatkit.serve.server import ChatkitServer
 from tests.helpers import free_port, wait_until_serving
 
 openai = pytest.importorskip("openai")
@@ -453,13 +453,13 @@ def test_a_non_streaming_request_is_cancelled_when_the_client_leaves(
 
 def test_errors_during_generation_keep_their_name(server: _Running,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    import chatkit.turn
+    import chatkit.chat.turn
     from chatkit import SchemaViolation
 
     def broken(self: Any, *, record: bool = True) -> Any:
         raise SchemaViolation("x", ["the reader disagreed"])
 
-    monkeypatch.setattr(chatkit.turn.Turn, "complete", broken)
+    monkeypatch.setattr(chatkit.chat.turn.Turn, "complete", broken)
     r = httpx.post(server.base + "/v1/chat/completions", timeout=60, json={
         "model": NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 500 and r.json()["error"]["code"] == "SchemaViolation"

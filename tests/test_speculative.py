@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from chatkit import Constraint, Model, Sampler, SamplingParams, SeqChunk, generate
-from chatkit.speculative import ConstrainedSource, CostGate, PromptLookupSource
+from chatkit.decode.speculative import ConstrainedSource, CostGate, PromptLookupSource
 from tests.helpers import Recorder, chat_prompt
 
 VOCAB = 64

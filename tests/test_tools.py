@@ -28,7 +28,7 @@ from chatkit import (
     execute_calls,
     tool,
 )
-from chatkit.plan import AutoCall
+from chatkit.chat.plan import AutoCall
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, opening_tokens, parse_calls, tool_grammar
 from tests.helpers import Boost, Script, completion
 
@@ -501,7 +501,7 @@ def test_a_repeated_call_ends_the_reply(scripted: tuple[Script, RemoteEngine], v
     """A greedy model may repeat a finished call up to the parallel cap; chatkit ends the
     reply at the first verbatim repeat and reports it (``reply.dropped_calls``). Scripted:
     the engine returns the same call twice (a real model's repeats are its own)."""
-    import chatkit.emit
+    import chatkit.chat.emit
 
     script, engine = scripted
     same = call("add", {"a": 2, "b": 40})
@@ -510,7 +510,7 @@ def test_a_repeated_call_ends_the_reply(scripted: tuple[Script, RemoteEngine], v
              (True, [same, other], [(2, 40), (40, 2)], 0),  # only verbatim repeats go
              (False, [same, same], [(2, 40), (2, 40)], 0)]  # positive control
     for dedup, blocks, expected, dropped in cases:
-        monkeypatch.setattr(chatkit.emit, "DEDUP_TOOL_CALLS", dedup)
+        monkeypatch.setattr(chatkit.chat.emit, "DEDUP_TOOL_CALLS", dedup)
         script.replies = [says(vocab, "\n".join(blocks))]
         reply = Conversation(engine).send("Add 2 and 40.", tools=TOOLS,
                                           tool_choice="required", max_tokens=200)

@@ -17,16 +17,16 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Unpack, cast, overload
 
-from .concurrency import engine_limiter
-from .constraints import Constraint
+from ..decode.options import TurnOptions, check_options
+from ..decode.sampling import LogitProcessor
+from ..engine.concurrency import engine_limiter
+from ..engine.protocols import SAFE_PREFILL_CHUNK, Engine, SeqChunk, StepEngine
+from ..errors import ChatkitError, InvalidParameter, SharedProcessorError
+from ..grammar.constraints import Constraint, SchemaArg
+from ..messages import Reply
 from .conversation import Conversation
-from .engine import SAFE_PREFILL_CHUNK, Engine, SeqChunk, StepEngine
-from .errors import ChatkitError, InvalidParameter, SharedProcessorError
-from .messages import Reply
-from .options import TurnOptions, check_options
-from .plan import SchemaArg, common_prefix
+from .plan import common_prefix
 from .runner import Results, run_all
-from .sampling import LogitProcessor
 from .turn import Turn
 
 __all__ = ["BatchItem", "asend_batch", "send_batch"]

@@ -1,12 +1,12 @@
 """``Conversation``: messages, an engine, and one constrained reply per ``send``.
 
-A turn is planned by :mod:`chatkit.turn` and stepped by the model's engine loop
-(:mod:`chatkit.scheduler`), which ``send``/``stream`` wait on from a thread and
+A turn is planned by :mod:`chatkit.chat.turn` and stepped by the model's engine loop
+(:mod:`chatkit.chat.scheduler`), which ``send``/``stream`` wait on from a thread and
 ``asend``/``astream`` from a task; speculative turns step on the caller's side, and
 a remote engine's turns are requests replayed locally. The constraint is
 reset at the start of every assistant turn; the KV cache keeps the
 conversation's prompt, so each turn evaluates only the new suffix. The agent
-loop (``run``/``arun``) lives in :mod:`chatkit.agent` and drives the same turns.
+loop (``run``/``arun``) lives in :mod:`chatkit.tools.agent` and drives the same turns.
 """
 
 from __future__ import annotations
@@ -20,16 +20,22 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 if TYPE_CHECKING:  # pydantic (~90 ms) and anyio are imported where they are used
     from pydantic import BaseModel
 
-from .agent import ToolResult, arun_agent, run_agent
-from .constraints import Constraint
-from .engine import Engine
-from .errors import ContextOverflow, InvalidParameter
-from .messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
-from .options import TurnOptions, check_max_tokens, check_options, check_positive, stop_tuple
-from .plan import SchemaArg, TurnContext, TurnPlan, plan_turn
+from ..decode.options import (
+    TurnOptions,
+    check_max_tokens,
+    check_options,
+    check_positive,
+    stop_tuple,
+)
+from ..decode.sampling import Sampler, SamplingParams
+from ..engine.protocols import Engine
+from ..errors import ContextOverflow, InvalidParameter
+from ..grammar.constraints import Constraint, SchemaArg
+from ..messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
+from ..templates import ChatTemplate
+from ..tools.agent import ToolResult, arun_agent, run_agent
+from .plan import TurnContext, TurnPlan, plan_turn
 from .runner import AsyncReplyStream, ReplyStream, drive, local_engine
-from .sampling import Sampler, SamplingParams
-from .templates import ChatTemplate
 from .turn import KVState, Turn
 
 __all__ = ["Conversation"]

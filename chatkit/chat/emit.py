@@ -7,8 +7,8 @@ import json
 import logging
 from collections.abc import Sequence
 
-from .engine import IncrementalDetokenizer, Vocabulary
-from .tools.grammar import CALL_BLOCK, CALL_CLOSE, CALL_OPEN
+from ..engine.protocols import IncrementalDetokenizer, Vocabulary
+from ..tools.grammar import CALL_BLOCK, CALL_CLOSE, CALL_OPEN
 
 __all__: list[str] = []
 

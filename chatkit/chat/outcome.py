@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .constraints import Constraint
-from .decoding import Decoder, decide_finish, usage_of
-from .errors import SchemaViolation, Truncated
-from .messages import Message, Reply, ToolCall
+from ..decode.decoding import Decoder, decide_finish, usage_of
+from ..errors import SchemaViolation, Truncated
+from ..grammar.constraints import Constraint
+from ..messages import Message, Reply, ToolCall
+from ..tools.grammar import parse_calls
 from .plan import TurnPlan
-from .tools.grammar import parse_calls
 
 __all__: list[str] = []
 

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from .tools.grammar import CALL_CLOSE, CALL_OPEN
+from ..tools.grammar import CALL_CLOSE, CALL_OPEN
 
 __all__ = ["FieldEvent", "Partial"]
 

@@ -1,7 +1,7 @@
 """Planning one assistant turn: everything decided before the first token.
 
-:func:`plan_turn` needs only the engine's :class:`~chatkit.engine.Vocabulary`: it
-resolves the options (:mod:`chatkit.options`), chooses the template, builds (or takes
+:func:`plan_turn` needs only the engine's :class:`~chatkit.engine.protocols.Vocabulary`: it
+resolves the options (:mod:`chatkit.decode.options`), chooses the template, builds (or takes
 from the engine's cache) the grammar, renders the messages into segments and
 tokenizes them, into a frozen :class:`TurnPlan`. :func:`plan_completion` does the same
 for a raw completion (token ids, no template). Every refusal happens here, before any
@@ -20,12 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .checks import relaxed_schema
-from .constraints import Constraint
-from .engine import Engine, GenerateRequest, Vocabulary
-from .errors import ContextOverflow, InvalidParameter
-from .messages import Message
-from .options import (
+from ..decode.options import (
     AUTO_CALL_THRESHOLD,
     CallOptions,
     Defaults,
@@ -34,8 +29,12 @@ from .options import (
     check_stop,
     resolve,
 )
-from .sampling import LogitProcessor, Logits, Sampler
-from .schema import (
+from ..decode.sampling import LogitProcessor, Logits, Sampler
+from ..engine.protocols import Engine, GenerateRequest, Vocabulary
+from ..errors import ContextOverflow, InvalidParameter
+from ..grammar.checks import relaxed_schema
+from ..grammar.constraints import Constraint, SchemaArg
+from ..grammar.schema import (
     LoadedSchema,
     SchemaInput,
     bound_numbers,
@@ -43,9 +42,10 @@ from .schema import (
     json_options,
     load_schema,
 )
-from .templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
-from .tools.definition import Tool, check_tools
-from .tools.grammar import opening_tokens, tool_grammar
+from ..messages import Message
+from ..templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
+from ..tools.definition import Tool, check_tools
+from ..tools.grammar import opening_tokens, tool_grammar
 
 __all__: list[str] = []
 
@@ -53,7 +53,6 @@ _log = logging.getLogger("chatkit")
 
 NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
 
-SchemaArg = SchemaInput | Constraint | None
 """What ``schema=`` takes: a Pydantic class, a JSON-schema dict/text/bool, or a JSON
 ``Constraint``."""
 

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, Unpack
 
+from ..decode.sampling import SamplingParams
+from ..engine.protocols import Engine
+from ..errors import ChatkitError, InvalidParameter
+from ..grammar.schema import SchemaInput
+from ..messages import Reply
 from .batch import asend_batch, send_batch
 from .conversation import Conversation
-from .engine import Engine
-from .errors import ChatkitError, InvalidParameter
-from .messages import Reply
-from .sampling import SamplingParams
-from .schema import SchemaInput
 
 __all__ = ["QuorumOptions", "QuorumResult", "aquorum", "quorum"]
 
@@ -68,7 +68,7 @@ class QuorumOptions(TypedDict, total=False):
     method: Literal["vote", "probability"]
     """``vote`` (default): the lanes sample and vote. ``probability``: one greedy lane, and
     the exact distribution of ``field``'s values under the grammar (at ``temperatures[0]``,
-    default 1; :mod:`chatkit.choices`); the decision is the most probable value. The field
+    default 1; :mod:`chatkit.grammar.choices`); the decision is the most probable value. The field
     must be one whose values the schema enumerates; its distribution is conditioned on the
     reply before it (put the decision first)."""
 

@@ -1,8 +1,8 @@
 """Running a planned turn to its reply: the one place that dispatches on the engine's kind.
 
-A local engine (:class:`~chatkit.engine.StepEngine`) runs a turn's steps in its engine
-loop (:mod:`chatkit.scheduler`), or on the caller's side when speculative (verify
-batches are one sequence's own); a remote engine (:class:`~chatkit.engine.GenerateEngine`)
+A local engine (:class:`~chatkit.engine.protocols.StepEngine`) runs a turn's steps in its engine
+loop (:mod:`chatkit.chat.scheduler`), or on the caller's side when speculative (verify
+batches are one sequence's own); a remote engine (:class:`~chatkit.engine.protocols.GenerateEngine`)
 gets one request and its token ids are replayed through the turn (same stop strings,
 tool-call and think parsing, finish rule and second reader as a local turn).
 """
@@ -15,10 +15,10 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .concurrency import run_blocking
-from .engine import Engine, GenerateEngine, GenerateResult, StepEngine
-from .errors import AllTokensMasked, ChatkitError, ConstraintError, SchemaViolation
-from .messages import Reply
+from ..engine.concurrency import run_blocking
+from ..engine.protocols import Engine, GenerateEngine, GenerateResult, StepEngine
+from ..errors import AllTokensMasked, ChatkitError, ConstraintError, SchemaViolation
+from ..messages import Reply
 from .partial import Partial, PartialReader
 from .scheduler import engine_loop
 from .turn import Turn
@@ -87,7 +87,7 @@ class ReplyStream(Generic[T]):
         self.reply: Reply[T] | None = None
 
     def partials(self) -> Iterator[Partial[T]]:
-        """The stream as :class:`~chatkit.partial.Partial` steps: each delta with the
+        """The stream as :class:`~chatkit.chat.partial.Partial` steps: each delta with the
         document so far and the fields that started or completed; the last step is
         ``done`` (then ``reply`` is set)."""
         reader = _reader(self._turn)

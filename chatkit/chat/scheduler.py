@@ -1,7 +1,7 @@
 """The engine loop: continuous batching over time, one scheduler per engine.
 
 Every ``send``/``stream``/``asend``/``astream`` (and so every server request) hands
-its planned :class:`~chatkit.turn.Turn` to the engine's loop. The loop admits
+its planned :class:`~chatkit.chat.turn.Turn` to the engine's loop. The loop admits
 waiting turns at step boundaries as KV sequences come free, and each step is ONE
 ``StepEngine.decode`` carrying the next token of every decoding turn plus, in the
 rows left over, chunks of the prompts being prefilled — so a long prompt never
@@ -21,7 +21,7 @@ room. A consumer that stops listening (a cancelled task, a closed stream, a
 disconnected client) cancels its ticket; the loop frees the sequence at the next
 step and acknowledges, so the conversation's KV bookkeeping stays exact.
 
-The loop runs on the process's compute thread (:mod:`chatkit.compute`, where every
+The loop runs on the process's compute thread (:mod:`chatkit.engine.compute`, where every
 forward pass runs), registered while it has work and dropped when it has none (so it
 holds the engine only while there is work); several engines' loops take turns there,
 one step each.
@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import asyncio
 
-from .compute import activate
-from .engine import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
-from .errors import ChatkitError, EngineBusy
-from .messages import Reply
+from ..engine.compute import activate
+from ..engine.protocols import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
+from ..errors import ChatkitError, EngineBusy
+from ..messages import Reply
 from .turn import Turn
 
 __all__ = ["EngineLoop", "Ticket", "engine_loop"]

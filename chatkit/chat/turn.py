@@ -1,4 +1,4 @@
-"""Stepping one planned turn (:mod:`chatkit.plan` plans it).
+"""Stepping one planned turn (:mod:`chatkit.chat.plan` plans it).
 
 A :class:`Turn` leases a KV sequence and decodes through the ``Sampler`` seam:
 ``start``/``step`` for a turn driven alone, ``begin``/``chunk``/``first``/``advance``
@@ -6,7 +6,7 @@ for drivers that batch many turns into one forward pass, ``open_replay``/``first
 ``advance`` for a remote engine's tokens; then ``complete`` (checked by the second
 reader, recorded) or ``release`` alone (abandoned: nothing recorded). The turn is the
 only owner of its current grammar (``tool_choice="auto"`` may choose it at the first
-token); the finish reason is decided once (:func:`chatkit.decoding.decide_finish`).
+token); the finish reason is decided once (:func:`chatkit.decode.decoding.decide_finish`).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .decoding import Decoder, speculate, usage_of
+from ..decode.decoding import Decoder, speculate, usage_of
+from ..decode.sampling import DraftAwareProcessor, Logits
+from ..decode.speculative import ConstrainedSource, CostGate, PromptLookupSource
+from ..engine.protocols import Engine, GenerateRequest, SeqChunk, StepEngine
+from ..errors import EngineBusy, InvalidParameter, RemoteUnsupported
+from ..messages import Message, Reply, Usage
 from .emit import TextEmitter
-from .engine import Engine, GenerateRequest, SeqChunk, StepEngine
-from .errors import EngineBusy, InvalidParameter, RemoteUnsupported
-from .messages import Message, Reply, Usage
 from .outcome import reply_of
 from .plan import TurnPlan, common_prefix, request_for
-from .sampling import DraftAwareProcessor, Logits
-from .speculative import ConstrainedSource, CostGate, PromptLookupSource
 
 __all__: list[str] = []
 
@@ -301,7 +301,7 @@ class Turn(TurnView):
         return delta
 
     def generate_request(self) -> GenerateRequest:
-        """The turn as a coarse engine's request (see :func:`chatkit.plan.request_for`).
+        """The turn as a coarse engine's request (see :func:`chatkit.chat.plan.request_for`).
         ``RemoteUnsupported`` for a schema with value checks: a remote engine cannot take
         tokens back."""
         c = self.constraint
@@ -348,7 +348,7 @@ class Turn(TurnView):
 
     def _with_choices(self, reply: Reply[Any], *, raw: str) -> Reply[Any]:
         """The reply with the exact probabilities of its enumerable fields' values."""
-        from .choices import Branching, choice_probabilities
+        from ..grammar.choices import Branching, choice_probabilities
 
         plan = self.plan
         assert plan.constraint is not None and self.seq is not None

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .engine import SAFE_PREFILL_CHUNK, SAFE_VERIFY_KV, SeqChunk, StepEngine
-from .errors import ChecksExhausted, InvalidParameter
-from .messages import FinishReason, Usage
+from ..engine.protocols import SAFE_PREFILL_CHUNK, SAFE_VERIFY_KV, SeqChunk, StepEngine
+from ..errors import ChecksExhausted, InvalidParameter
+from ..grammar.guard import Rollback
+from ..messages import FinishReason, Usage
 from .options import check_max_tokens
-from .sampling import GrammarProcessor, Logits, Rollback, Sampler
+from .sampling import GrammarProcessor, Logits, Sampler
 
 if TYPE_CHECKING:
     from .speculative import CostGate, DraftSource
@@ -370,9 +371,9 @@ def generate(
 ) -> Generation:
     """Decode one reply for ``prompt`` in KV sequence ``seq_id`` (the sync driver).
 
-    With ``draft`` (a ``chatkit.speculative.DraftSource``), each step verifies up to
+    With ``draft`` (a ``chatkit.decode.speculative.DraftSource``), each step verifies up to
     ``draft_k`` proposed tokens in one batched decode; the output is the same.
-    ``gate`` (a ``chatkit.speculative.CostGate``, as ``send(speculative=True)`` uses)
+    ``gate`` (a ``chatkit.decode.speculative.CostGate``, as ``send(speculative=True)`` uses)
     skips drafting while acceptance makes it a loss; no draft is verified once the
     sequence would pass ``max_kv`` cells (outside the regime where verify batches are
     bitwise equal to single steps; None: no bound).

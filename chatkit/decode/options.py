@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from .constraints import Constraint
-from .errors import InvalidParameter
+from ..errors import InvalidParameter
+from ..grammar.constraints import Constraint
 from .sampling import LogitProcessor, Sampler, SamplingParams
 
 __all__ = ["TurnOptions"]
@@ -65,7 +65,8 @@ class TurnOptions(TypedDict, total=False):
     probabilities: bool | Sequence[str]
     """Schema replies on a local engine: the exact probability of each value a field allows
     (enum, Literal, boolean, a small integer range) in ``reply.choices``; True for every
-    such field, or the fields' JSON pointers (``"/verdict"``). See :mod:`chatkit.choices`."""
+    such field, or the fields' JSON pointers (``"/verdict"``).
+    See :mod:`chatkit.grammar.choices`."""
 
 
 OPTION_NAMES = frozenset(TurnOptions.__annotations__)

@@ -17,8 +17,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import AllTokensMasked, InvalidParameter
-from .messages import TokenLogprob
+from ..errors import AllTokensMasked, InvalidParameter
+from ..messages import TokenLogprob
 
 __all__ = [
     "CheckingProcessor",
@@ -100,17 +100,6 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
-
-
-class Rollback(Exception):
-    """Raised by a processor's ``process`` (nothing selected, nothing committed): it has
-    undone its last ``drop`` commits, and the decode loop drops those tokens too and
-    samples again from the row after the tokens kept (``chatkit.guard``: a value check
-    left no valid token)."""
-
-    def __init__(self, drop: int) -> None:
-        super().__init__(f"roll back {drop} tokens")
-        self.drop = drop
 
 
 @runtime_checkable

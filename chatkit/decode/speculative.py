@@ -1,7 +1,7 @@
 """Speculative decoding where the grammar drafts.
 
 A :class:`DraftSource` proposes the next few tokens; the verify step
-(:meth:`chatkit.decoding.Decoder.spec_step`) evaluates ``[last, draft...]`` in
+(:meth:`chatkit.decode.decoding.Decoder.spec_step`) evaluates ``[last, draft...]`` in
 one ``llama_decode`` and walks the rows through the same ``Sampler.next``
 (which commits every sampled token): accepted while the sample equals the
 draft, then the first mismatch's sample is the correction, or, all accepted,

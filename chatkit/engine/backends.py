@@ -15,7 +15,7 @@ from functools import cache
 
 import llama_cpp
 
-from .errors import InvalidParameter
+from ..errors import InvalidParameter
 
 __all__ = ["BuildInfo", "Device", "Placement"]
 
@@ -138,7 +138,7 @@ def _devices() -> tuple[Device, ...]:
 @cache
 def read_build_info() -> BuildInfo:
     """The llama.cpp build's backends, devices and CPU features (read once per process;
-    ``chatkit.model.build_info`` is the same with chatkit's llama.cpp log sink set)."""
+    ``chatkit.engine.model.build_info`` is the same with chatkit's llama.cpp log sink set)."""
     raw = llama_cpp.llama_print_system_info()
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
     return BuildInfo(features=parse_system_info(text), devices=_devices(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from .errors import EngineBusy
+from ..errors import EngineBusy
 
 __all__: list[str] = []
 

@@ -3,8 +3,8 @@
 Built on llama-cpp-python's low-level API only: ``llama_decode`` with an
 explicit batch (tokens of one or more sequences in one call), logits rows
 read as numpy views, KV sequences edited with ``llama_memory_seq_rm``/``_cp``.
-The vocabulary is a :class:`chatkit.vocab.Vocab` over the same weights
-(``model.vocab``), KV sequence leases a :class:`chatkit.kvseqs.SeqLeases`.
+The vocabulary is a :class:`chatkit.engine.vocab.Vocab` over the same weights
+(``model.vocab``), KV sequence leases a :class:`chatkit.engine.kvseqs.SeqLeases`.
 
 A Model is not thread-safe: one thread drives it at a time (the async
 drivers serialise through a per-model capacity limiter).
@@ -32,13 +32,13 @@ import llama_cpp
 import numpy as np
 from numpy.typing import NDArray
 
+from ..errors import DecodeError, InvalidParameter, ModelLoadError
 from .backends import SPLIT_MODES, BuildInfo, Placement, plan_placement
 from .compute import run_on_compute
-from .engine import SAFE_PREFILL_CHUNK, SeqChunk
-from .errors import DecodeError, InvalidParameter, ModelLoadError
 from .kvseqs import SeqLeases
 from .llama_log import build_info, forget_lines, last_error
 from .llg_prebuild import TokenizerPrebuild
+from .protocols import SAFE_PREFILL_CHUNK, SeqChunk
 from .vocab import LLG_SLICES as LLG_SLICES
 from .vocab import Vocab, checked_gguf
 from .vocab import default_model_path as default_model_path
@@ -271,7 +271,7 @@ class Model(HoldsVocabulary):
     @classmethod
     def load_vocab(cls, path: str | os.PathLike[str] | None = None) -> Vocab:
         """Only a GGUF's vocabulary and chat template (llama.cpp's ``vocab_only``: no
-        weights, no context): a :class:`chatkit.vocab.Vocab`, enough to render, tokenize and
+        weights, no context): a :class:`chatkit.engine.vocab.Vocab`, enough to render, tokenize and
         compile grammars for a remote engine serving the same model (``RemoteEngine``). It
         has no decoding methods. Raises as :meth:`load`."""
         return Vocab.load(path)

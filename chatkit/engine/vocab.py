@@ -26,8 +26,8 @@ import llama_cpp
 import numpy as np
 from numpy.typing import NDArray
 
+from ..errors import DecodeError, ModelLoadError, ModelNotFound
 from . import diskcache
-from .errors import DecodeError, ModelLoadError, ModelNotFound
 from .llama_log import ensure_backend, forget_lines, last_error
 
 __all__: list[str] = []

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .engine import IncrementalDetokenizer, Vocabulary
+from .protocols import IncrementalDetokenizer, Vocabulary
 
 __all__: list[str] = []
 

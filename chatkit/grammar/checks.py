@@ -13,7 +13,7 @@ the check moves up to the nearest ancestor whose location is fixed (the root at 
 So a document whose every check passed at its boundaries is valid: the checks validate,
 deep, every part of the schema the grammar was relaxed on.
 
-:mod:`chatkit.guard` runs the checks while decoding (masking a token that would complete
+:mod:`chatkit.grammar.guard` runs the checks while decoding (masking a token that would complete
 a failing value, rolling back when nothing is left).
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from .errors import SchemaUnsupported
+from ..errors import SchemaUnsupported
 from .schema_check import load_jsonschema
 from .schema_walk import DATA_KEYWORDS, SCHEMA_LISTS, SCHEMA_MAPS, escape, local_ref, walk
 

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..engine.protocols import SeqChunk, StepEngine
+from ..errors import InvalidParameter
 from .constraints import Constraint
-from .engine import SeqChunk, StepEngine
-from .errors import InvalidParameter
 
 __all__ = ["ChoiceProbabilities"]
 

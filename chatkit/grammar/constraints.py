@@ -26,9 +26,9 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from ..engine.protocols import Vocabulary
+from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from .checks import Checks, UnknownFormats, compile_relaxed
-from .engine import Vocabulary
-from .errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from .guard import Guard, chosen
 from .masks import Prepared, apply_prepared, bit_set, mask_words, prepare_bitmask
 from .schema import (
@@ -57,7 +57,7 @@ _REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 def wants_slices(grammar: str) -> bool:
     """Whether a compiled grammar (llguidance's JSON or Lark text) has a string bounded by
-    ``maxLength``: the case the sliced tokenizer (``chatkit.model.LLG_SLICES``) speeds up.
+    ``maxLength``: the case the sliced tokenizer (``chatkit.engine.model.LLG_SLICES``) speeds up.
     A text test: a grammar that only mentions the word (a property of that name) gets the
     sliced copy too, which costs its one-time build and changes no mask."""
     return "maxLength" in grammar
@@ -242,7 +242,7 @@ class Constraint(GrammarSteps):
         self.reader = reader
         self.checks = checks
         """The value checks of what the grammar was relaxed on (None: the grammar enforces
-        the whole schema). See :mod:`chatkit.checks`."""
+        the whole schema). See :mod:`chatkit.grammar.checks`."""
         self._guard: Guard | None = None
         self.rolls_back = True
         """A value check that leaves nothing rolls back (False: it only masks)."""
@@ -290,7 +290,7 @@ class Constraint(GrammarSteps):
         knows is an annotation (logged), or refused with ``unknown_formats="refuse"``.
 
         ``digits`` bounds the numbers the model may write (integer, fractional digits; see
-        ``chatkit.schema.NUMBER_DIGITS``; None: unbounded). Raises ``SchemaInvalid`` or
+        ``chatkit.grammar.schema.NUMBER_DIGITS``; None: unbounded). Raises ``SchemaInvalid`` or
         ``SchemaUnsupported(keyword, path)``.
         """
         loaded = load_schema(schema)
@@ -413,6 +413,9 @@ def _spare_core(model: Vocabulary) -> bool:
         return _has_spare_core(model)
     return bool(cache(_SPARE_CORE_KEY, lambda: _has_spare_core(model)))
 
+
+SchemaArg = SchemaInput | Constraint | None
+"""What a turn may be constrained by: a schema, a ``Constraint``, or nothing."""
 
 _SPARE_CORE_KEY = ("constraint", "spare_core")
 

@@ -1,4 +1,4 @@
-"""Value checks while decoding (:class:`Guard`): the other half of :mod:`chatkit.checks`.
+"""Value checks while decoding (:class:`Guard`): the other half of :mod:`chatkit.grammar.checks`.
 
 The grammar (relaxed) keeps the committed text a prefix of a JSON document, so a small
 incremental scanner over the committed bytes knows where each value starts and ends, and
@@ -27,13 +27,24 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..engine.protocols import Vocabulary
+from ..errors import ChecksExhausted
 from .checks import Checks, matches_from_root
-from .engine import Vocabulary
-from .errors import ChecksExhausted
-from .sampling import Rollback
 from .schema_walk import escape
 
 __all__: list[str] = []
+
+
+class Rollback(Exception):
+    """Raised by a processor's ``process`` (nothing selected, nothing committed): it has
+    undone its last ``drop`` commits, and the decode loop drops those tokens too and
+    samples again from the row after the tokens kept (this module: a value check left no
+    valid token)."""
+
+    def __init__(self, drop: int) -> None:
+        super().__init__(f"roll back {drop} tokens")
+        self.drop = drop
+
 
 # Frame fields: [kind, path, start, state, key, count]
 KIND, PATH, START, STATE, KEY, COUNT = range(6)
@@ -304,7 +315,7 @@ class Guard:
         is left: ``roll_back(n)`` (the constraint's, which rolls this guard back too), that
         token banned where decoding resumes, and ``Rollback(n)`` raised for the decode loop;
         nothing when no rollback is needed or this guard can make none. ``roll_back=None``:
-        mask only (a branch explored without decoding it: ``chatkit.choices``)."""
+        mask only (a branch explored without decoding it: ``chatkit.grammar.choices``)."""
         drop = self._drop(logits, plan=roll_back is not None)
         if drop and roll_back is not None:
             banned = self.tokens[-drop]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (cold start)
     from pydantic import BaseModel
 
-from .errors import SchemaViolation
+from ..errors import SchemaViolation
 from .schema_check import load_jsonschema
 from .schema_walk import pointer
 

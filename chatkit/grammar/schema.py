@@ -7,10 +7,10 @@ input is ``SchemaInvalid``, a keyword the grammar engine cannot enforce is
 - here: :func:`load_schema` (intake), closing objects (:func:`close_objects`), the
   llguidance compile options (:func:`json_options`), compiling (:func:`json_grammar`,
   :func:`compile_json_schema`) and llguidance's messages as named refusals;
-- :mod:`chatkit.schema_check`: is the document a valid JSON Schema (its meta-schema);
-- :mod:`chatkit.schema_numbers`: the digit bound on number fields (:func:`bound_numbers`);
-- :mod:`chatkit.schema_walk`: subschemas and their JSON pointers;
-- :mod:`chatkit.reader`: :class:`SchemaReader`, the second reader of a reply's final
+- :mod:`chatkit.grammar.schema_check`: is the document a valid JSON Schema (its meta-schema);
+- :mod:`chatkit.grammar.schema_numbers`: the digit bound on number fields (:func:`bound_numbers`);
+- :mod:`chatkit.grammar.schema_walk`: subschemas and their JSON pointers;
+- :mod:`chatkit.grammar.reader`: :class:`SchemaReader`, the second reader of a reply's final
   text, independent of the grammar mask.
 
 The names other modules use are importable from here.
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (cold start)
     from pydantic import BaseModel
 
-from .errors import SchemaInvalid, SchemaUnsupported
+from ..errors import SchemaInvalid, SchemaUnsupported
 from .reader import SchemaReader as SchemaReader
 from .schema_check import check_meta
 from .schema_numbers import NUMBER_DIGITS as NUMBER_DIGITS

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import jsonschema  # imported on first use (load_jsonschema)
 
-from .errors import SchemaInvalid, SchemaUnsupported
+from ..errors import SchemaInvalid, SchemaUnsupported
 from .schema_walk import is_number, pointer, walk
 
 __all__: list[str] = []

@@ -1,5 +1,5 @@
 """One dialect per kind of server: the request body it takes, how its result reads, and
-what it can be asked to enforce (``Capabilities``). ``chatkit.remote.RemoteEngine`` sends
+what it can be asked to enforce (``Capabilities``). ``chatkit.remote.engine.RemoteEngine`` sends
 and retries; the dialect knows the server's shape."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .engine import GenerateRequest, GenerateResult
-from .errors import RemoteError
-from .messages import messages_to_openai
-from .schema import closed_objects, subschemas
+from ..engine.protocols import GenerateRequest, GenerateResult
+from ..errors import RemoteError
+from ..grammar.schema import closed_objects, subschemas
+from ..messages import messages_to_openai
 
 __all__: list[str] = []
 

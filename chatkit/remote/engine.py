@@ -4,7 +4,7 @@ chatkit keeps the parts that go wrong on servers: it renders the chat template
 segment-safely, tokenizes, and builds the grammar, all locally from the same model's
 vocabulary (``Model.load_vocab``); the engine is asked only to sample under that
 grammar from those token ids. Its tokens then go through the turn's own grammar again
-(:meth:`chatkit.turn.Turn.begin_replay`: a token outside it is ``SchemaViolation``) and the
+(:meth:`chatkit.chat.turn.Turn.begin_replay`: a token outside it is ``SchemaViolation``) and the
 second reader. What a ``kind`` of server cannot enforce is refused by name before any
 request (``RemoteUnsupported``); it is never sent unenforced.
 
@@ -43,11 +43,11 @@ from typing import Any, Literal, TypeVar
 import anyio
 import httpx
 
-from .engine import GenerateRequest, GenerateResult, Vocabulary
-from .errors import InvalidParameter, RemoteError, RemoteUnsupported
-from .remote_dialects import DIALECTS, Capabilities, LlamaServer, finish_result, refusal
-from .remote_dialects import LLAMA_SERVER_GBNF as LLAMA_SERVER_GBNF
-from .vocab_holder import HoldsVocabulary
+from ..engine.protocols import GenerateRequest, GenerateResult, Vocabulary
+from ..engine.vocab_holder import HoldsVocabulary
+from ..errors import InvalidParameter, RemoteError, RemoteUnsupported
+from .dialects import DIALECTS, Capabilities, LlamaServer, finish_result, refusal
+from .dialects import LLAMA_SERVER_GBNF as LLAMA_SERVER_GBNF
 
 __all__ = ["RemoteEngine"]
 

@@ -15,12 +15,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .concurrency import run_blocking
-from .constraints import Constraint
-from .conversation import Conversation
-from .engine import StepEngine
-from .errors import ContextOverflow, EngineBusy, Truncated
-from .messages import Reply
+from ..chat.conversation import Conversation
+from ..chat.plan import common_prefix, plan_completion
+from ..chat.scheduler import EngineLoop, Ticket
+from ..chat.turn import KVState, Turn
+from ..decode.options import TurnOptions, check_threshold
+from ..decode.sampling import Sampler
+from ..engine.concurrency import run_blocking
+from ..engine.protocols import StepEngine
+from ..errors import ContextOverflow, EngineBusy, Truncated
+from ..grammar.constraints import Constraint
+from ..messages import Reply
 from .openai_api import (
     ChatRequest,
     CompletionRequest,
@@ -29,12 +34,7 @@ from .openai_api import (
     bad,
     usage_body,
 )
-from .options import TurnOptions, check_threshold
-from .plan import common_prefix, plan_completion
-from .sampling import Sampler
-from .scheduler import EngineLoop, Ticket
 from .stream_deltas import ReplyDeltas
-from .turn import KVState, Turn
 
 if TYPE_CHECKING:
     from starlette.requests import Request

@@ -1,7 +1,7 @@
 """OpenAI's chat and completions API, translated: request bodies to chatkit turns, replies
 to response bodies and stream chunks, chatkit errors to OpenAI's error shape.
 
-Pure data and logic (no web framework): :mod:`chatkit.server` puts it on HTTP. Every
+Pure data and logic (no web framework): :mod:`chatkit.serve.server` puts it on HTTP. Every
 refusal is a :class:`RequestError` carrying the HTTP status and the OpenAI error fields
 (``message``, ``type``, ``param``, ``code``), decided before any token.
 """
@@ -15,15 +15,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .errors import (
+from ..decode.options import TOOL_CHOICES
+from ..decode.sampling import SamplingParams
+from ..errors import (
     ChatkitError,
     InvalidParameter,
     ToolDefinitionError,
 )
-from .messages import FinishReason, Message, Reply, messages_from_openai
-from .options import TOOL_CHOICES
-from .sampling import SamplingParams
-from .tools.definition import Tool
+from ..messages import FinishReason, Message, Reply, messages_from_openai
+from ..tools.definition import Tool
 
 __all__: list[str] = []
 

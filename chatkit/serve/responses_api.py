@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .messages import Reply
+from ..messages import Reply
 from .openai_api import RequestError, bad, new_id
 
 __all__: list[str] = []

@@ -2,12 +2,12 @@
 
 Starlette + uvicorn (the optional ``serve`` extra): the same ASGI stack vLLM,
 SGLang and llama-cpp-python serve on, without FastAPI's request models — bodies
-are checked by :mod:`chatkit.openai_api`, so a refusal names the OpenAI field
+are checked by :mod:`chatkit.serve.openai_api`, so a refusal names the OpenAI field
 (and, for a schema, the keyword and JSON path) in OpenAI's error shape.
 
 Every request is planned first (template, tokens, grammar: refusals are a 400
 before any token), then its turns go to the model's engine loop
-(:mod:`chatkit.scheduler`), which batches them with every other request's turns
+(:mod:`chatkit.chat.scheduler`), which batches them with every other request's turns
 step by step. ``n`` > 1 is ``n`` lanes, one seed each. Streaming is SSE; a reply
 with tools or a think block is sent whole at its end (its markup is parsed into
 ``tool_calls`` / ``reasoning_content`` first), a plain or JSON reply token by
@@ -22,7 +22,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from .engine import StepEngine
+from ..chat.scheduler import engine_loop
+from ..engine.protocols import StepEngine
 from .lanes import Lane, Lanes
 from .openai_api import (
     MAX_BODY_DEPTH,
@@ -49,7 +50,6 @@ from .responses_api import (
     to_chat_body,
     usage_object,
 )
-from .scheduler import engine_loop
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

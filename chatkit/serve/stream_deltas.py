@@ -16,8 +16,8 @@ import re
 import secrets
 from typing import Any
 
-from .messages import Reply
-from .tools.grammar import CALL_CLOSE, CALL_OPEN
+from ..messages import Reply
+from ..tools.grammar import CALL_CLOSE, CALL_OPEN
 
 __all__: list[str] = []
 

@@ -1,5 +1,9 @@
 """Chat templates: sandboxed Jinja that renders messages into segment-safe prompts.
 
+Job: a model's own template rendered exactly as the reference renderer does, the
+bundled templates, segments. May import: ``errors``, ``messages``, ``engine``.
+Never imports: grammar, decode, tools, chat, serve, remote.
+
 A GGUF's embedded template is untrusted input: it is rendered in jinja2's
 ``ImmutableSandboxedEnvironment`` with what Hugging Face transformers'
 reference renderer offers templates (``raise_exception``, ``strftime_now``,
@@ -47,12 +51,12 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
 
-from .. import diskcache
+from ..engine import diskcache
 from ..errors import TemplateError, ToolFormatUnsupported
 from ..messages import Message
 
 if TYPE_CHECKING:
-    from ..engine import Vocabulary
+    from ..engine.protocols import Vocabulary
 
 __all__ = ["ChatTemplate", "Segment"]
 

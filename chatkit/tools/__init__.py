@@ -1,7 +1,12 @@
-"""Tools: typed functions and Pydantic models as Hermes ``<tool_call>`` grammars.
+"""Tools: definitions, their call grammars and parsers, the agent loop, MCP servers.
 
-This package holds definitions (:mod:`.definition`) and the grammar and parser
-(:mod:`.grammar`) only; the agent loop that runs tools is :mod:`chatkit.agent`.
+Job: ``@tool`` / ``Tool`` definitions (``definition``), the call grammar and parser
+(``grammar``), executing calls and the agent loop as a generator the conversation drives
+(``agent``), an MCP server's tools as chatkit tools (``mcp``).
+
+May import: ``errors``, ``messages``, ``engine``, ``grammar``, ``decode``.
+Never imports: chat, serve, remote (the conversation drives the agent loop through
+callables it passes in; a tool knows no conversation).
 """
 
 from .definition import ModelRetry, Tool, ToolDefinition, tool

@@ -20,12 +20,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from .concurrency import run_coroutine_sync
-from .errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError, ToolServerError
-from .messages import Reply, ToolCall
-from .options import TurnOptions
-from .plan import SchemaArg
-from .tools.definition import ModelRetry, Tool, check_tools
+from ..decode.options import TurnOptions
+from ..engine.concurrency import run_coroutine_sync
+from ..errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError, ToolServerError
+from ..grammar.constraints import SchemaArg
+from ..messages import Reply, ToolCall
+from .definition import ModelRetry, Tool, check_tools
 
 __all__ = ["ToolResult", "execute_calls"]
 

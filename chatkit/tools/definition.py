@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pydantic (~90 ms) is imported where tools are made or valid
     from pydantic import BaseModel
 
 from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
-from ..schema import SchemaReader, closed_objects, compile_json_schema, load_schema
+from ..grammar.schema import SchemaReader, closed_objects, compile_json_schema, load_schema
 
 __all__ = ["ModelRetry", "Tool", "ToolDefinition", "tool"]
 

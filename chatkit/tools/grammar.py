@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..engine import Vocabulary
+from ..decode.options import TOOL_CHOICES, check_parallel, check_tool_choice
+from ..engine.protocols import Vocabulary
 from ..errors import ToolArgumentsInvalid
+from ..grammar.schema import bound_numbers, closed_objects, json_options
 from ..messages import ToolCall
-from ..options import TOOL_CHOICES, check_parallel, check_tool_choice
-from ..schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 
 __all__: list[str] = []

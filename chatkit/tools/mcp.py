@@ -37,9 +37,9 @@ import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TextIO, TypeVar
 
-from .errors import InvalidParameter, SchemaViolation, ToolServerError
-from .schema import SchemaReader
-from .tools.definition import Tool
+from ..errors import InvalidParameter, SchemaViolation, ToolServerError
+from ..grammar.schema import SchemaReader
+from .definition import Tool
 
 __all__ = ["MCPToolset"]
 
