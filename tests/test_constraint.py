@@ -225,7 +225,8 @@ def test_bound_ref_schemas_check_their_first_mask_not_a_byte_level_copy(
     """Bound to a model, a $ref schema is checked for an empty language on the model's own
     matcher (its first mask, kept for the first step), not by compiling it again over a byte
     tokenizer; a cycle without a base case is still refused by name."""
-    from chatkit import SchemaInvalid, schema, schema_check
+    from chatkit import SchemaInvalid
+    from chatkit.grammar import schema, schema_check
 
     def no_byte_level_check(grammar: str) -> str | None:
         raise AssertionError("the bound path compiled the grammar over the byte tokenizer")
