@@ -17,7 +17,7 @@ Build options: ``CMAKE_ARGS`` as llama-cpp-python documents it, e.g.
 ``CMAKE_ARGS="-DGGML_CUDA=on"`` (NVIDIA), ``-DGGML_METAL=on`` (Apple),
 ``-DGGML_VULKAN=on``, ``-DGGML_BLAS=ON -DGGML_BLAS_VENDOR=OpenBLAS``. On x86-64,
 chatkit adds ``-mno-amx-tile -mno-amx-int8 -mno-amx-bf16`` to the C and C++ flags
-(llama.cpp's AMX kernels crash on Intel CPUs with AMX: README, "Build options")
+(llama.cpp's AMX kernels crash on Intel CPUs with AMX: docs/running.md, "Build options")
 unless ``CMAKE_ARGS`` sets ``CMAKE_C_FLAGS``/``CMAKE_CXX_FLAGS`` itself or
 ``CHATKIT_KEEP_AMX=1``.
 
@@ -50,7 +50,7 @@ NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 SIGNAL_HINTS = {
     signal.SIGILL: "an instruction this CPU refuses ran, usually in llama.cpp's native "
-                   "build; rebuild it: see README, 'Build options' (CMAKE_ARGS)",
+                   "build; rebuild it: see docs/running.md, 'Build options' (CMAKE_ARGS)",
     signal.SIGKILL: "killed from outside, often by the kernel's out-of-memory killer "
                     "(see dmesg)",
     signal.SIGSEGV: "a crash in native code (llama.cpp or llguidance); run it again under "

@@ -28,6 +28,7 @@ from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvali
 
 if TYPE_CHECKING:
     from .grammar.constraints import Constraint
+    from .templates import ChatTemplate
 
 __all__: list[str] = []
 
@@ -301,6 +302,25 @@ def _placement_flags(parser: argparse.ArgumentParser) -> None:
                         help="keep the KV cache and attention on the CPU")
 
 
+def _serve_template(args: argparse.Namespace) -> ChatTemplate | None:
+    """``--chat-template`` read and compiled, ``--tool-format`` checked: before the model
+    loads, so a typo costs no load."""
+    from .templates import ChatTemplate
+    from .tools.dialects import DIALECTS
+
+    if args.tool_format is not None and args.tool_format not in DIALECTS:
+        raise UsageError(f"--tool-format {args.tool_format!r} is not one of "
+                         f"{', '.join(DIALECTS)}")
+    if args.chat_template is None:
+        return None
+    path = Path(args.chat_template)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--chat-template {path}: {exc.strerror or exc}") from None
+    return ChatTemplate.from_string(source, name=path.stem)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -314,6 +334,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .serve.openai_api import ServerLimits
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    template = _serve_template(args)
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
@@ -325,7 +346,7 @@ def _serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(max_tokens=args.max_tokens_cap, context_source=origin)
     serve(model, name=name, host=args.host, port=args.port,
           api_key=args.api_key or os.environ.get("CHATKIT_API_KEY") or None, limits=limits,
-          max_queue=args.max_queue)
+          max_queue=args.max_queue, template=template, tool_format=args.tool_format)
     return 0
 
 
@@ -424,6 +445,11 @@ def _add_serve(sub: Any) -> None:
                      help="largest max_tokens a request may ask for")
     srv.add_argument("--threads", type=_positive_int, default=None,
                      help="llama.cpp threads (default: every core)")
+    srv.add_argument("--chat-template", metavar="FILE",
+                     help="a Jinja chat template for every chat request (default: the "
+                          "model's own)")
+    srv.add_argument("--tool-format", metavar="DIALECT",
+                     help="the tool-call dialect (default: detected from the template)")
     _placement_flags(srv)
     srv.add_argument("--debug", action="store_true", help="show tracebacks")
     srv.set_defaults(func=_serve)

@@ -223,3 +223,6 @@ class Reply(Generic[T]):
     choices: dict[str, Any] | None = None
     """Per field (JSON pointer) asked for with ``probabilities=``: its
     :class:`~chatkit.grammar.choices.ChoiceProbabilities`."""
+    raw: str | None = None
+    """The exact text the model wrote, markup included (tool calls in their dialect's
+    markup, a think block); None where no reply was decoded."""

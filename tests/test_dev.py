@@ -28,7 +28,7 @@ def test_a_child_killed_by_sigill_is_named_with_a_hint() -> None:
         dev._run(sys.executable, "-c", suicide)
     message = str(info.value)
     assert "killed by SIGILL (illegal instruction)" in message
-    assert "Build options" in message  # the hint points at the README's fix
+    assert "Build options" in message  # the hint points at the documented fix
     assert info.value.code == 128 + signal.SIGILL
 
 

@@ -29,7 +29,8 @@ from chatkit import (
     tool,
 )
 from chatkit.chat.plan import AutoCall
-from chatkit.tools.grammar import DEFAULT_MAX_CALLS, opening_tokens, parse_calls, tool_grammar
+from chatkit.tools.grammar import DEFAULT_MAX_CALLS, opening_tokens, tool_grammar
+from chatkit.tools.parser import parse_calls
 from tests.helpers import Boost, Script, completion
 
 BYTE = llguidance.LLTokenizer("byte")
@@ -121,8 +122,9 @@ def accepts(grammar: str, text: str) -> bool:
 
 
 def call(name: str, args: dict[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args},
-                                        separators=(",", ":")) + "\n</tool_call>"
+    """A Hermes call as its templates render it (arguments compact, as chatkit writes)."""
+    return (f'<tool_call>\n{{"name": "{name}", "arguments": '
+            f'{json.dumps(args, separators=(",", ":"))}}}\n</tool_call>')
 
 
 def test_name_and_arguments_are_bound() -> None:

@@ -8,7 +8,9 @@ import logging
 from collections.abc import Sequence
 
 from ..engine.protocols import IncrementalDetokenizer, Vocabulary
-from ..tools.grammar import CALL_BLOCK, CALL_CLOSE, CALL_OPEN
+from ..tools.definition import Tool
+from ..tools.dialects import Dialect
+from ..tools.parser import scan_calls
 
 __all__: list[str] = []
 
@@ -28,10 +30,13 @@ class TextEmitter:
     """
 
     def __init__(self, engine: Vocabulary, stop_strings: Sequence[str], *,
-                 tools: bool) -> None:
+                 tools: Sequence[Tool] = (), dialect: Dialect | None = None) -> None:
         self._detok = IncrementalDetokenizer(engine)
         self.stops = tuple(stop_strings)
-        self.tools = tools
+        self.tools = tuple(tools)
+        self.dialect = dialect
+        last = dialect.call[-1] if dialect is not None else ""
+        self._call_end = last.strip() if isinstance(last, str) else ""
         self.text = ""
         self.cut = False
         """A stop string (or a repeated tool call) ended the text."""
@@ -43,7 +48,8 @@ class TextEmitter:
         character); check ``cut`` afterwards."""
         delta = self._detok.feed(tok)
         self.text += delta
-        if self.tools and DEDUP_TOOL_CALLS and self.text.endswith(CALL_CLOSE):
+        if (self._call_end and DEDUP_TOOL_CALLS and delta
+                and self.text.rstrip().endswith(self._call_end)):
             self._drop_repeated_call()
         if not self.stops:
             return delta
@@ -64,10 +70,15 @@ class TextEmitter:
         """A greedy model repeats a finished call until the parallel cap: when the call just
         closed is identical to an earlier one of this reply, the reply ends before it (the
         grammar accepts there: calls then the stop token) and ``dropped_calls`` counts it."""
-        blocks = [m.group(1) for m in CALL_BLOCK.finditer(self.text)]
-        if len(blocks) < 2 or not same_call(blocks[-1], blocks[:-1]):
+        assert self.dialect is not None
+        calls = scan_calls(self.text, self.dialect, self.tools)
+        if len(calls) < 2 or calls[-1].end < len(self.text.rstrip()):
             return
-        self.text = self.text[: self.text.rindex(CALL_OPEN)].rstrip("\n")
+        last = calls[-1]
+        if not any((c.name, c.arguments) == (last.name, last.arguments) for c in calls[:-1]):
+            return
+        close = self.dialect.section[1] if self.dialect.section else ""
+        self.text = self.text[: calls[-2].end] + close
         self.dropped_calls += 1
         self.cut = True
         _log.info("tool call repeated verbatim in one reply: dropped, reply ended")

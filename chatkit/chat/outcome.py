@@ -9,7 +9,7 @@ from ..decode.decoding import Decoder, decide_finish, usage_of
 from ..errors import SchemaViolation, Truncated
 from ..grammar.constraints import Constraint
 from ..messages import Message, Reply, ToolCall
-from ..tools.grammar import parse_calls
+from ..tools.parser import parse_calls
 from .plan import TurnPlan
 
 __all__: list[str] = []
@@ -32,13 +32,14 @@ def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: st
     reasoning: str | None = None
     parsed: Any = None
     calls: list[ToolCall] = []
+    raw = text
     if c is not None:
         if end == "length" and not c.is_accepting():
             raise Truncated(text, plan.max_tokens, usage=usage)
         if plan.thinking:
             reasoning, text = _thinking_parts(c, text)
         if plan.tools:
-            text, calls = parse_calls(text, list(plan.tools))
+            text, calls = parse_calls(text, list(plan.tools), plan.dialect)
         if c.reader is not None and not calls:
             parsed = c.reader.read(text)
     finish = decide_finish(end, grammar_done=c is not None or d.grammar_done,
@@ -51,7 +52,7 @@ def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: st
     logprobs = tuple(d.logprobs) if plan.logprobs is not None else None
     return Reply(text=text, finish_reason=finish, usage=usage, parsed=parsed,
                  reasoning=reasoning, tool_calls=calls, dropped_calls=dropped_calls,
-                 logprobs=logprobs), message
+                 logprobs=logprobs, raw=raw), message
 
 
 def _thinking_parts(c: Constraint, text: str) -> tuple[str, str]:

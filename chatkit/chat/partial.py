@@ -19,7 +19,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from ..tools.grammar import CALL_CLOSE, CALL_OPEN
+from ..tools.dialects import HERMES, Dialect
+from ..tools.parser import scan_calls
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes: read as it is written
 
 __all__ = ["FieldEvent", "Partial"]
 
@@ -181,6 +184,10 @@ class PartialReader(Generic[T]):
     model: Any = None
     tools: bool = False
     thinking: bool = False
+    dialect: Dialect | None = None
+    """With tools: their dialect. Hermes calls are read as they are written; other
+    dialects' calls appear as each completes."""
+    tool_list: tuple[Any, ...] = ()
     text: str = ""
     _started: set[str] = field(default_factory=set)
     _completed: set[str] = field(default_factory=set)
@@ -210,6 +217,8 @@ class PartialReader(Generic[T]):
             prefix = _Prefix((body or "") + end)
             parsed = prefix.value(0, "") if body is not None else None
             return (parsed.value if parsed is not None else None), prefix
+        if self.dialect is not None and self.dialect.name != HERMES.name:
+            return self._scanned()
         prefix = _Prefix("")
         calls: list[Any] = []
         closed: list[str] = []
@@ -225,6 +234,17 @@ class PartialReader(Generic[T]):
             prefix.completed.update(one.completed)
             if parsed is not None:
                 calls.append(parsed.value)
+        return {"tool_calls": calls}, prefix
+
+    def _scanned(self) -> tuple[Any, _Prefix]:
+        assert self.dialect is not None
+        prefix = _Prefix("")
+        calls = []
+        for i, sc in enumerate(scan_calls(self.text, self.dialect, self.tool_list)):
+            call = {"name": sc.name, "arguments": sc.arguments}
+            prefix.started.append(f"/tool_calls/{i}")
+            prefix.completed[f"/tool_calls/{i}"] = call
+            calls.append(call)
         return {"tool_calls": calls}, prefix
 
     def _object(self, data: Any, prefix: _Prefix) -> T | None:

@@ -45,7 +45,9 @@ from ..grammar.schema import (
 from ..messages import Message
 from ..templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
 from ..tools.definition import Tool, check_tools
-from ..tools.grammar import opening_tokens, tool_grammar
+from ..tools.detect import history_for, tool_setup
+from ..tools.dialects import Dialect
+from ..tools.grammar import markup_for, opening_tokens, tool_grammar
 
 __all__: list[str] = []
 
@@ -126,6 +128,8 @@ class TurnPlan:
     """The messages the prompt renders (for engines that render their own template)."""
     auto_call: AutoCall | None = None
     """``tool_choice="auto"`` decided at the first token (``tool_call_threshold``)."""
+    dialect: Dialect | None = None
+    """With tools: the dialect the calls are written in."""
     logprobs: int | None = None
     """Record per-token log-probabilities with this many alternatives (None: off)."""
     probabilities: bool | tuple[str, ...] = False
@@ -164,19 +168,19 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     if text is not None:
         user = Message("user", text + (_schema_note(schema, loaded) if opts.schema_in_prompt
                                        else ""))
-    template = ctx.template
-    if tools and not template.supports_tools:
-        template = ChatTemplate.for_model(engine, tools=True)
-        _log.info("tools=: template %r (the conversation's %r has no Hermes tool format)",
-                  template.name, ctx.template.name)
+    template, dialect = ctx.template, None
+    if tools:
+        template, dialect = tool_setup(engine, ctx.template, options.get("tool_format"))
+    elif options.get("tool_format") is not None:
+        raise InvalidParameter("tool_format", "needs tools=")
     stop_token = turn_stop_token(engine, template)
     thinking = (schema is not None or constraint is not None) and not tools \
         and not ctx.no_think and template.supports_thinking
     after_tools = text is None and bool(ctx.history) and ctx.history[-1].role == "tool"
     grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
-                             thinking=thinking, after_tools=after_tools)
+                             thinking=thinking, after_tools=after_tools, dialect=dialect)
     messages = (*ctx.history, *([user] if user else []))
-    prompt = _render(ctx, template, list(messages), tools, thinking=thinking)
+    prompt = _render(ctx, template, list(messages), tools, thinking=thinking, dialect=dialect)
     if len(prompt) + opts.max_tokens > engine.n_ctx_seq:
         raise ContextOverflow(len(prompt), opts.max_tokens, engine.n_ctx_seq)
     return TurnPlan(prompt=prompt, stop_ids=frozenset({stop_token, engine.eos_id}),
@@ -184,7 +188,7 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
                     processor=grammar if grammar is not None else opts.constraint,
                     constraint=grammar, thinking=thinking, stop_strings=opts.stop,
                     tools=tuple(tools), user=user, speculative=opts.speculative,
-                    stop_token=stop_token, messages=messages, auto_call=auto,
+                    stop_token=stop_token, messages=messages, auto_call=auto, dialect=dialect,
                     logprobs=opts.logprobs, probabilities=opts.probabilities,
                     schema=loaded.doc if loaded is not None else
                     schema.source if isinstance(schema, Constraint) else None,
@@ -193,16 +197,16 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
 
 def _grammar(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
              loaded: LoadedSchema | None, schema: SchemaArg, opts: CallOptions, *,
-             stop_token: int, thinking: bool, after_tools: bool
+             stop_token: int, thinking: bool, after_tools: bool, dialect: Dialect | None
              ) -> tuple[Constraint | None, AutoCall | None]:
     """The turn's grammar (from the engine's cache) and, for tools, the first-token
     decision of ``tool_choice="auto"``."""
     engine = ctx.engine
-    if tools:
+    if tools and dialect is not None:
         return (_tools_constraint(engine, tools, loaded, schema, opts.tool_choice,
-                                  opts.parallel_tool_calls, stop_token),
+                                  opts.parallel_tool_calls, stop_token, dialect),
                 _auto_call(ctx, template, tools, loaded, schema, opts, stop_token,
-                           after_tools=after_tools))
+                           after_tools=after_tools, dialect=dialect))
     if isinstance(schema, Constraint):
         if schema.kind != "json_schema":
             raise InvalidParameter("schema", "a Constraint given as schema= must be JSON")
@@ -259,8 +263,10 @@ def turn_stop_token(engine: Vocabulary, template: ChatTemplate) -> int:
 
 
 def _render(ctx: TurnContext, template: ChatTemplate, messages: list[Message],
-            tools: list[Tool], *, thinking: bool) -> list[int]:
+            tools: list[Tool], *, thinking: bool, dialect: Dialect | None) -> list[int]:
     engine = ctx.engine
+    if dialect is not None:
+        messages = history_for(messages, dialect)
     if messages and messages[0].role == "system" and not template.supports_system:
         _log.info("template %r has no system role: the system prompt opens the first user "
                   "message", template.name)
@@ -274,6 +280,7 @@ def _render(ctx: TurnContext, template: ChatTemplate, messages: list[Message],
         bos_token=engine.detokenize([engine.bos_id]) if engine.bos_id >= 0 else "",
         eos_token=engine.detokenize([engine.eos_id]) if engine.eos_id >= 0 else "",
         special=engine.special_texts(),
+        arguments_as_text=dialect is not None and dialect.args_as == "string",
     )
     if ctx.no_think and not template.supports_thinking:
         segments.append(Segment("markup", NO_THINK_PREFILL))
@@ -287,13 +294,14 @@ def _render(ctx: TurnContext, template: ChatTemplate, messages: list[Message],
 
 def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchema | None,
                       schema: SchemaArg, choice: str, parallel: bool | int,
-                      stop_token: int) -> Constraint:
+                      stop_token: int, dialect: Dialect) -> Constraint:
     if isinstance(schema, Constraint):
         raise InvalidParameter("schema", "with tools=, give the output as a schema")
     if loaded is not None and not isinstance(loaded.doc, dict):
         raise InvalidParameter("schema", "the output schema must be an object schema")
     out_doc = loaded.doc if loaded is not None and isinstance(loaded.doc, dict) else None
-    lark = tool_grammar(tools, choice, parallel=parallel, output=out_doc)
+    lark = tool_grammar(tools, choice, parallel=parallel, output=out_doc, dialect=dialect,
+                        markup=markup_for(engine))
 
     def build() -> Constraint:
         made = Constraint.lark(lark, model=engine, stop_token=stop_token)
@@ -306,7 +314,7 @@ def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchem
 
 def _auto_call(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
                loaded: LoadedSchema | None, schema: SchemaArg, opts: CallOptions,
-               stop_token: int, *, after_tools: bool) -> AutoCall | None:
+               stop_token: int, *, after_tools: bool, dialect: Dialect) -> AutoCall | None:
     """``tool_call_threshold`` defaulted and, for ``auto`` on a local engine, the
     decision's two grammars built (from the engine's cache).
 
@@ -323,10 +331,15 @@ def _auto_call(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
     _log.debug("tool_choice='auto' under the %s template: decided at the first token, a call "
                "from P(call opening) >= %g", template.name, threshold)
     engine, parallel = ctx.engine, opts.parallel_tool_calls
+    opening = opening_tokens(engine, dialect)
+    if not len(opening):
+        return None  # calls open with the tool's name: no opening to weigh
     return AutoCall(
-        float(threshold), opening_tokens(engine),
-        call=_tools_constraint(engine, tools, loaded, schema, "required", parallel, stop_token),
-        text=_tools_constraint(engine, tools, loaded, schema, "none", parallel, stop_token))
+        float(threshold), opening,
+        call=_tools_constraint(engine, tools, loaded, schema, "required", parallel, stop_token,
+                               dialect),
+        text=_tools_constraint(engine, tools, loaded, schema, "none", parallel, stop_token,
+                               dialect))
 
 
 def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int, *,

@@ -118,7 +118,8 @@ class ReplyStream(Generic[T]):
 
 def _reader(turn: Turn) -> PartialReader[Any]:
     return PartialReader(model=turn.schema_model, tools=turn.has_tools,
-                         thinking=turn.thinking)
+                         thinking=turn.thinking, dialect=turn.dialect,
+                         tool_list=turn.tools)
 
 
 def _last(reader: PartialReader[Any], reply: Reply[Any] | None) -> Partial[Any]:

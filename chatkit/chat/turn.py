@@ -23,6 +23,7 @@ from ..decode.speculative import ConstrainedSource, CostGate, PromptLookupSource
 from ..engine.protocols import Engine, GenerateRequest, SeqChunk, StepEngine
 from ..errors import EngineBusy, InvalidParameter, RemoteUnsupported
 from ..messages import Message, Reply, Usage
+from ..tools.dialects import Dialect
 from .emit import TextEmitter
 from .outcome import reply_of
 from .plan import TurnPlan, common_prefix, request_for
@@ -66,7 +67,8 @@ class TurnView:
                       else ConstrainedSource(self.processor, PromptLookupSource())
                       if isinstance(self.processor, DraftAwareProcessor)
                       else PromptLookupSource())
-        self.emitter = TextEmitter(engine, plan.stop_strings, tools=bool(plan.tools))
+        self.emitter = TextEmitter(engine, plan.stop_strings, tools=plan.tools,
+                                   dialect=plan.dialect)
         self._dec: Decoder | None = None
         self._fed = False  # a checked reply's tokens went to the emitter (at the end)
         self.seq: int | None = None
@@ -96,6 +98,16 @@ class TurnView:
     @property
     def has_tools(self) -> bool:
         return bool(self.plan.tools)
+
+    @property
+    def tools(self) -> tuple[Any, ...]:
+        """The turn's tools."""
+        return self.plan.tools
+
+    @property
+    def dialect(self) -> Dialect | None:
+        """With tools: the dialect their calls are written in."""
+        return self.plan.dialect
 
     @property
     def stop_token(self) -> int:

@@ -51,6 +51,9 @@ class TurnOptions(TypedDict, total=False):
     """``auto`` | ``required`` | ``none`` | a tool's name."""
     parallel_tool_calls: bool | int
     """Allow more than one call in a reply (an int: at most that many)."""
+    tool_format: str | None
+    """The tool-call dialect to write (``hermes``, ``qwen3-xml``, ``mistral-v11``, ...: see
+    the README's table); default: the one the template renders its calls in."""
     tool_call_threshold: float | None
     """``tool_choice="auto"``, local engines: the reply opens a call when the model puts at
     least this probability on the call opening at its first token, else it answers in text

@@ -26,6 +26,7 @@ from ..engine.protocols import StepEngine
 from ..errors import ContextOverflow, EngineBusy, Truncated
 from ..grammar.constraints import Constraint
 from ..messages import Reply
+from ..templates import ChatTemplate
 from .openai_api import (
     ChatRequest,
     CompletionRequest,
@@ -85,8 +86,11 @@ class KVPool:
 class Lanes:
     """Runs requests' lanes on one engine loop (``loop``) with a pool of KV claims."""
 
-    def __init__(self, model: StepEngine, loop: EngineLoop, limits: ServerLimits) -> None:
+    def __init__(self, model: StepEngine, loop: EngineLoop, limits: ServerLimits, *,
+                 template: ChatTemplate | None = None, tool_format: str | None = None) -> None:
         self.model = model
+        self.template = template
+        self.tool_format = tool_format
         self.loop = loop
         self.limits = limits
         self.kv = KVPool(2 * model.n_seq_max)
@@ -94,7 +98,7 @@ class Lanes:
     def plan_chat(self, req: ChatRequest, lane: int) -> Turn:
         s = req.sampling
         conv = Conversation(self.model, messages=req.history, no_think=req.no_think,
-                            sampling=s.params(lane),
+                            sampling=s.params(lane), template=self.template,
                             stop=s.stop, max_tokens=s.max_tokens or self.limits.max_tokens)
         options: TurnOptions = {"tool_choice": req.tool_choice}
         if s.stop:
@@ -102,6 +106,8 @@ class Lanes:
         if req.tools:
             options["tools"] = req.tools
             options["parallel_tool_calls"] = req.parallel_tool_calls
+            if self.tool_format is not None:
+                options["tool_format"] = self.tool_format
         if req.tool_call_threshold is not None:
             # the extension decides "auto" only: beside a forced or "none" choice (an agent
             # sends it on every turn) it is checked, then left out
@@ -160,7 +166,8 @@ class Lanes:
                 ticket.on_close.append(functools.partial(self.kv.give_back, turn.kv))
                 hold = turn.has_tools or turn.thinking
                 lanes.append(Lane(ticket, hold=hold, deltas=ReplyDeltas(
-                    thinking=turn.thinking, tools=turn.has_tools) if hold else None))
+                    thinking=turn.thinking, tools=turn.has_tools, dialect=turn.dialect,
+                    tool_list=turn.tools) if hold else None))
         except EngineBusy:
             for lane in lanes:
                 lane.ticket.cancel()

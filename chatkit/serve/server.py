@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..chat.scheduler import engine_loop
 from ..engine.protocols import StepEngine
+from ..templates import ChatTemplate
 from .lanes import Lane, Lanes
 from .openai_api import (
     MAX_BODY_DEPTH,
@@ -65,14 +66,18 @@ class ChatkitServer:
     """The ASGI application around one engine (``app``)."""
 
     def __init__(self, model: StepEngine, *, name: str, api_key: str | None = None,
-                 limits: ServerLimits | None = None, max_queue: int | None = None) -> None:
+                 limits: ServerLimits | None = None, max_queue: int | None = None,
+                 template: ChatTemplate | None = None, tool_format: str | None = None) -> None:
+        """``template``: the chat template for every chat request (default: the model's);
+        ``tool_format``: the tool-call dialect (default: detected from the template)."""
         self.model = model
         self.name = name
         self.api_key = api_key
         self.limits = limits or ServerLimits()
         self.loop = engine_loop(model)
         self.loop.max_queue = self.loop.max_queue if max_queue is None else max_queue
-        self.lanes = Lanes(model, self.loop, self.limits)
+        self.lanes = Lanes(model, self.loop, self.limits, template=template,
+                           tool_format=tool_format)
         self.created = now()
         self.app = self._build()
 
@@ -368,7 +373,8 @@ def _sse(data: dict[str, Any]) -> str:
 
 def serve(model: StepEngine, *, name: str, host: str = "127.0.0.1", port: int = 8000,
           api_key: str | None = None, limits: ServerLimits | None = None,
-          max_queue: int | None = None) -> None:
+          max_queue: int | None = None, template: ChatTemplate | None = None,
+          tool_format: str | None = None) -> None:
     """Run the server until interrupted (uvicorn, one process: one engine, one loop)."""
     import uvicorn
 
@@ -376,5 +382,5 @@ def serve(model: StepEngine, *, name: str, host: str = "127.0.0.1", port: int = 
         _log.warning("serving on %s without --api-key: anyone who can reach it may use it",
                      host)
     server = ChatkitServer(model, name=name, api_key=api_key, limits=limits,
-                           max_queue=max_queue)
+                           max_queue=max_queue, template=template, tool_format=tool_format)
     uvicorn.run(server.app, host=host, port=port, log_level="info", access_log=False)

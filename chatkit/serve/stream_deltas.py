@@ -1,9 +1,11 @@
 """A reply with tools or a think block, streamed as it is written (``chatkit serve``).
 
-The reply's raw text carries markup (``<tool_call>`` blocks of compact JSON, a think block
-closed by ``</think>``). :class:`ReplyDeltas` reads it as it grows and gives OpenAI chat
-deltas: ``reasoning_content``, then ``content``, or ``tool_calls`` (a call's id and name as
-soon as its name is written, then its ``arguments`` in fragments). The grammar guarantees
+The reply's raw text carries markup (tool calls in their dialect, a think block closed by
+``</think>``). :class:`ReplyDeltas` reads it as it grows and gives OpenAI chat deltas:
+``reasoning_content``, then ``content``, or ``tool_calls``: Hermes calls with the call's id
+and name as soon as its name is written, then its ``arguments`` in fragments; every other
+dialect's calls each as it completes (id, name and arguments in one delta, read by the
+dialect's parser). The grammar guarantees
 that every prefix extends to a valid reply, so nothing is held back but markup that may
 still be forming. :meth:`ReplyDeltas.finish` reconciles with the parsed reply (what the
 stream has not said yet), so the deltas always add up to the final message.
@@ -17,12 +19,15 @@ import secrets
 from typing import Any
 
 from ..messages import Reply
-from ..tools.grammar import CALL_CLOSE, CALL_OPEN
+from ..tools.definition import Tool
+from ..tools.dialects import HERMES, Dialect
+from ..tools.parser import scan_calls
 
 __all__: list[str] = []
 
 THINK_CLOSE = "</think>"
-_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","arguments":')
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes, streamed in fragments
+_HEAD = re.compile(r'\{\s*"name":\s*"((?:[^"\\]|\\.)*)",\s*"arguments":\s*')
 
 
 def _held(text: str, marker: str) -> int:
@@ -71,8 +76,13 @@ class ReplyDeltas:
     """Incremental OpenAI deltas for one held reply (``thinking``: it opens with a think
     block; ``tools``: it may be ``<tool_call>`` blocks)."""
 
-    def __init__(self, *, thinking: bool, tools: bool) -> None:
+    def __init__(self, *, thinking: bool, tools: bool, dialect: Dialect | None = None,
+                 tool_list: tuple[Tool, ...] = ()) -> None:
         self.tools = tools
+        self.dialect = dialect or HERMES
+        self.hermes = self.dialect.name == HERMES.name
+        self.tool_list = tool_list
+        self.start = 0  # where the calls begin (other dialects)
         self.phase = "think" if thinking else "body"
         self.text = ""
         self.pos = 0
@@ -116,17 +126,71 @@ class ReplyDeltas:
             self.phase = "body"
             return {}
         if self.mode is None:
-            if not self.tools or not CALL_OPEN.startswith(rest[: len(CALL_OPEN)]):
-                self.mode = "content"
-            elif len(rest) >= len(CALL_OPEN):
-                self.mode = "calls"
-            else:
-                return None  # could still be "<tool_call>"
+            return self._choose(rest)
         if self.mode == "content":
-            self.pos = len(self.text)
+            close = self.dialect.text_close
+            keep = _held(rest, close) if close else 0
+            if close and close in rest:
+                rest, keep = rest[: rest.index(close)], 0
+                self.pos = len(self.text)
+            else:
+                self.pos += len(rest) - keep
+                rest = rest[: len(rest) - keep]
+            if not rest:
+                return None
             self.content += rest
             return {"content": rest}
+        if not self.hermes:
+            return self._scanned()
         return self._call_step(rest)
+
+    def _choose(self, rest: str) -> dict[str, Any] | None:
+        """Content or calls, once the body's start says which (None: not yet)."""
+        d = self.dialect
+        opening = (CALL_OPEN if self.hermes else d.trigger).strip()
+        text_open = d.text_open
+        probe = rest.lstrip()
+        if not probe:
+            return None
+        for marker, mode in ((opening, "calls"), (text_open, "content")):
+            if (not self.tools and mode == "calls") or not marker:
+                continue
+            if marker.startswith(probe[: len(marker)]):
+                if len(probe) < len(marker):
+                    return None  # could still be the marker
+                self.mode = mode
+                if mode == "content":
+                    self.pos += len(rest) - len(probe) + len(marker)
+                self.start = self.pos
+                return {}
+        if self.tools and not opening and not self.hermes and not text_open:
+            self.mode = "calls"  # calls open with the tool's name
+        else:
+            self.mode = "content"
+        self.start = self.pos
+        return {}
+
+    def _scanned(self) -> dict[str, Any] | None:
+        """Each call of a non-Hermes dialect as it completes (the next one begun)."""
+        body = self.text[self.start:]
+        self.pos = len(self.text)
+        done = scan_calls(body, self.dialect, self.tool_list)
+        if len(done) <= len(self.calls) or (len(done) == len(self.calls) + 1
+                                             and not self._complete(body, done[-1].end)):
+            return None
+        sc = done[len(self.calls)]
+        call = {"id": f"call_{secrets.token_hex(12)}", "name": sc.name, "ended": True,
+                "closed": True, "arguments": json.dumps(sc.arguments, ensure_ascii=False)}
+        self.calls.append(call)
+        self.pos = self.start  # more calls may be complete already
+        return {"tool_calls": [{"index": len(self.calls) - 1, "id": call["id"],
+                                "type": "function", "function": {
+                                    "name": call["name"], "arguments": call["arguments"]}}]}
+
+    def _complete(self, body: str, end: int) -> bool:
+        """A scanned call is complete when more text follows it (a separator, the section's
+        end): the last call of the reply is said by :meth:`finish`."""
+        return len(body.rstrip()) > end
 
     def _reasoning(self, text: str) -> dict[str, Any]:
         if not text:

@@ -38,6 +38,7 @@ import re
 import secrets
 import sys
 import time
+import types
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,7 +53,7 @@ import jinja2.nodes
 import jinja2.sandbox
 
 from ..engine import diskcache
-from ..errors import TemplateError, ToolFormatUnsupported
+from ..errors import TemplateError
 from ..messages import Message
 
 if TYPE_CHECKING:
@@ -99,10 +100,18 @@ def _raise_exception(message: str) -> NoReturn:
     raise TemplateError(f"the template refused the messages: {message}")
 
 
+def _as_list(value: Any) -> Any:
+    # ``tools | map(attribute='function') | tojson`` (llama.cpp's DeepSeek R1 template):
+    # Jinja's filters return generators where llama.cpp's renderer returns lists.
+    if isinstance(value, types.GeneratorType):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+                      sort_keys=sort_keys, default=_as_list)
 
 
 def _bounded_tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
@@ -220,15 +229,17 @@ def _template_code(env: jinja2.Environment, source: str) -> CodeType:
     return code
 
 
-def message_dict(m: Message) -> dict[str, Any]:
+def message_dict(m: Message, *, arguments_as_text: bool = False) -> dict[str, Any]:
     """A message as templates expect it (OpenAI / transformers shape): tool-call arguments
-    as an object, the think text as ``reasoning_content``."""
+    as an object (or JSON text), the think text as ``reasoning_content``."""
     item: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.reasoning is not None:
         item["reasoning_content"] = m.reasoning
     if m.tool_calls:
         item["tool_calls"] = [{"id": c.id, "type": "function",
-                               "function": {"name": c.name, "arguments": c.arguments}}
+                               "function": {"name": c.name, "arguments": json.dumps(
+                                   c.arguments, ensure_ascii=False) if arguments_as_text
+                                   else c.arguments}}
                               for c in m.tool_calls]
     if m.tool_call_id is not None:
         item["tool_call_id"] = m.tool_call_id
@@ -371,40 +382,20 @@ class ChatTemplate:
         return cls(text, name=name)
 
     @classmethod
-    def for_model(cls, model: Vocabulary, *, tools: bool = False) -> ChatTemplate:
-        """The template a model's conversation uses, and the choice logged:
-
-        - the GGUF's own template, when it has one (for ``tools``: when it formats tool
-          calls the Hermes way; a template with another tool format is
-          ``ToolFormatUnsupported``);
-        - else a bundled one, only when the model's own control tokens spell its markup:
-          ``gemma`` for ``<start_of_turn>`` vocabularies, ``chatml`` (``hermes`` with tools)
-          for ``<|im_start|>``/``<|im_end|>`` ones; any other vocabulary is
-          ``TemplateError`` (``ToolFormatUnsupported`` with tools): pass ``template=``.
-        """
-        own = cls(model.chat_template, name="gguf") if model.chat_template else None
-        chatml = _single_control(model, "<|im_start|>") and _single_control(model, "<|im_end|>")
-        if own is not None and not tools:
+    def for_model(cls, model: Vocabulary) -> ChatTemplate:
+        """The template a model's conversation uses, and the choice logged: the GGUF's own
+        template, when it has one; else a bundled one, only when the model's own control
+        tokens spell its markup: ``gemma`` for ``<start_of_turn>`` vocabularies, ``chatml``
+        for ``<|im_start|>``/``<|im_end|>`` ones; any other vocabulary is ``TemplateError``:
+        pass ``template=``. (A turn with tools takes its dialect from this template:
+        ``chatkit.tools.detect``.)"""
+        if model.chat_template:
             _log.info("template: the model's own (GGUF)")
-            return own
-        if own is not None and own.tool_format == "hermes":
-            _log.info("template: the model's own (GGUF), Hermes tool calls")
-            return own
-        if own is not None and own.mentions_tools:
-            raise ToolFormatUnsupported(own.name, "the model's template formats tool calls in "
-                                        "a way other than Hermes <tool_call> JSON, the one "
-                                        "chatkit constrains")
-        if tools:
-            if not chatml:
-                raise ToolFormatUnsupported(
-                    own.name if own else model.name, "the model has no tool-call format and "
-                    "no ChatML control tokens to carry the Hermes one")
-            _log.info("template: bundled 'hermes' (the model's own has no tool format)")
-            return cls.bundled("hermes")
-        if _single_control(model, "<start_of_turn>"):
+            return cls(model.chat_template, name="gguf")
+        if single_control(model, "<start_of_turn>"):
             _log.info("template: bundled 'gemma' (the GGUF has none)")
             return cls.bundled("gemma")
-        if chatml:
+        if single_control(model, "<|im_start|>") and single_control(model, "<|im_end|>"):
             _log.info("template: bundled 'chatml' (the GGUF has none)")
             return cls.bundled("chatml")
         raise TemplateError(f"{model.name} has no chat template and its vocabulary matches no "
@@ -419,24 +410,6 @@ class ChatTemplate:
     def mentions_tools(self) -> bool:
         """The template reads a ``tools`` variable."""
         return re.search(r"\btools\b", self.source) is not None
-
-    @property
-    def tool_format(self) -> Literal["hermes"] | None:
-        """``hermes`` when the template lists tools and writes calls as Hermes
-        ``<tool_call>`` JSON (``{"name": ..., "arguments": ...}``): the format chatkit's tool
-        grammar produces. None for templates without tools or with another format
-        (Llama 3.x JSON / python_tag, Mistral ``[TOOL_CALLS]``, Qwen3-Coder XML, GLM
-        ``<arg_key>``, gpt-oss, Command-R, DeepSeek, Phi-4)."""
-        src = self.source
-        if ("<tool_call>" in src and '"name"' in src and "<function=" not in src
-                and "<arg_key>" not in src and self.mentions_tools):
-            return "hermes"
-        return None
-
-    @property
-    def supports_tools(self) -> bool:
-        """chatkit can use this template with ``tools=``."""
-        return self.tool_format is not None
 
     @functools.cached_property
     def supports_system(self) -> bool:
@@ -462,10 +435,14 @@ class ChatTemplate:
         eos_token: str = "",
         special: Collection[str] = (),
         now: datetime | None = None,
+        arguments_as_text: bool = False,
     ) -> list[Segment]:
-        """Render chatkit messages to segments (see :meth:`render_context`)."""
+        """Render chatkit messages to segments (see :meth:`render_context`);
+        ``arguments_as_text``: tool-call arguments as JSON text, for templates that
+        concatenate them (else a mapping)."""
         variables: dict[str, Any] = {
-            "messages": [message_dict(m) for m in messages],
+            "messages": [message_dict(m, arguments_as_text=arguments_as_text)
+                         for m in messages],
             "add_generation_prompt": add_generation_prompt,
             "bos_token": bos_token,
             "eos_token": eos_token,
@@ -586,6 +563,7 @@ def tokenize_segments(model: Vocabulary, segments: list[Segment]) -> list[int]:
     return ids
 
 
-def _single_control(model: Vocabulary, text: str) -> bool:
+def single_control(model: Vocabulary, text: str) -> bool:
+    """Whether ``text`` is one control token of ``model``'s vocabulary."""
     ids = model.tokenize(text, special=True)
     return len(ids) == 1 and model.is_control(ids[0])

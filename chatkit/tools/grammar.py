@@ -1,24 +1,26 @@
-"""The Hermes ``<tool_call>`` grammar derived from the tools, and its parser.
+"""One grammar builder for every tool-call dialect.
 
-Each call body is ``{"name": <one tool's name>, "arguments": <that tool's
-argument schema>}``: one JSON-schema ``anyOf`` branch per tool, so a name can
-never be paired with another tool's arguments. ``tool_choice``:
+Per tool: the dialect's call pieces, the name as a literal, the id in its scheme, the
+arguments under that tool's schema (JSON: ``%json``; XML: one rule per parameter, raw text
+only where the schema resolves to string, ``%json`` elsewhere; Python keywords: quoted
+strings, ``True``/``False``/``None``, JSON for numbers and containers), with chatkit's
+number bounds. A name can never be paired with another tool's arguments. ``tool_choice``:
 
-- ``"auto"``: free text containing no ``<tool_call>``, or tool calls (from the
-  start of the reply); once a call starts it is fully constrained.
+- ``"auto"``: free text containing no call opening, or calls (from the start of the
+  reply); once a call starts it is fully constrained.
 - ``"required"``: one or more calls (exactly one when not parallel).
-- ``"none"``: free text in which ``<tool_call>`` cannot appear.
+- ``"none"``: free text in which the call opening cannot appear.
 - a tool name: calls of exactly that tool.
 
-With ``output=`` (a schema) the free-text alternative becomes that schema's JSON.
+With ``output=`` (a schema) the free-text alternative becomes that schema's JSON. Markup
+resolves against the model's vocabulary (:func:`markup_for`): a marker that is one special
+or added token is that token id (``<[id]>``), anything else literal text.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,106 +28,307 @@ from numpy.typing import NDArray
 
 from ..decode.options import TOOL_CHOICES, check_parallel, check_tool_choice
 from ..engine.protocols import Vocabulary
-from ..errors import ToolArgumentsInvalid
 from ..grammar.schema import bound_numbers, closed_objects, json_options
-from ..messages import ToolCall
 from .definition import Tool
+from .dialects import ARGS, HERMES, ID, INDEX, NAME, Args, Dialect
 
 __all__: list[str] = []
 
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
 _COMPACT = json_options()
-_PLAIN = r"PLAIN: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/"
-CALL_BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
-_ids = itertools.count(1)
-
-
-def _body_schema(tools: Sequence[Tool]) -> dict[str, Any]:
-    branches = [
-        {"type": "object",
-         "properties": {"name": {"const": t.name},
-                        "arguments": bound_numbers(t.definition.parameters_schema)},
-         "required": ["name", "arguments"], "additionalProperties": False}
-        for t in tools
-    ]
-    return {"anyOf": branches, "x-guidance": _COMPACT}
-
-
 DEFAULT_MAX_CALLS = 4
+RAW_STRING_MAX = 8192
+"""Characters an XML dialect's raw string value may hold when its schema sets no
+``maxLength`` (the value's only end is its close marker, which a model may never write)."""
+Markup = Callable[[str], str]
+"""Renders literal text as a Lark fragment."""
+_REGEX_META = set("\\.+*?()|[]{}^$/-&~#")
+
+
+def text_markup(text: str) -> str:
+    """Literal text as a Lark string (no token ids)."""
+    return json.dumps(text, ensure_ascii=False) if text else ""
+
+
+def markup_for(engine: Vocabulary) -> Markup:
+    """Literal text as Lark for ``engine``'s vocabulary: each special-token text in it that
+    is one token becomes ``<[id]>`` (a control token cannot be matched as text), the rest
+    quoted text. Cached per engine."""
+    return engine.cache(("tool_markup",), lambda: _markup(engine))
+
+
+def _markup(engine: Vocabulary) -> Markup:
+    specials = sorted(engine.special_texts(), key=len, reverse=True)
+    cache: dict[str, str] = {}
+
+    def single(text: str) -> int | None:
+        ids = engine.tokenize(text, special=True)
+        return ids[0] if len(ids) == 1 else None
+
+    def render(text: str) -> str:
+        if text in cache:
+            return cache[text]
+        parts: list[str] = []
+        plain = ""
+        i = 0
+        while i < len(text):
+            hit = next((s for s in specials if text.startswith(s, i)), None)
+            tok = single(hit) if hit else None
+            if hit is None or tok is None:
+                plain += text[i]
+                i += 1
+                continue
+            if plain:
+                parts.append(text_markup(plain))
+                plain = ""
+            parts.append(f"<[{tok}]>")
+            i += len(hit)
+        if plain:
+            parts.append(text_markup(plain))
+        cache[text] = " ".join(parts)
+        return cache[text]
+
+    return render
+
+
+def _regex_text(text: str) -> str:
+    """``text`` as a regex matching it literally (Rust regex: only meta characters are
+    escaped; an escaped ``<`` would be a word boundary)."""
+    return "".join("\\" + c if c in _REGEX_META else "\\n" if c == "\n" else c
+                   for c in text)
+
+
+def resolves_to_string(schema: Any) -> bool:
+    """Whether every value ``schema`` admits is a string (so XML writes it raw)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string" or kind == ["string"]:
+        return True
+    values = _string_values(schema)
+    return values is not None
+
+
+def _string_values(schema: dict[str, Any]) -> list[str] | None:
+    """The strings an ``enum`` / ``const`` schema allows (None: not only strings)."""
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if not values or not all(isinstance(v, str) for v in values):
+        return None
+    return list(values)
+
+
+class _Builder:
+    """Collects the rules of one tool grammar."""
+
+    def __init__(self, dialect: Dialect, lit: Markup) -> None:
+        self.dialect = dialect
+        self.lit = lit
+        self.rules: list[str] = []
+
+    def add(self, name: str, body: str) -> str:
+        self.rules.append(f"{name}: {body}")
+        return name
+
+    def json_value(self, name: str, schema: dict[str, Any]) -> str:
+        doc = {**bound_numbers(schema), "x-guidance": _COMPACT}
+        return self.add(name, f"%json {json.dumps(doc)}")
+
+    # -- arguments
+    def args(self, name: str, tool: Tool) -> str:
+        schema = closed_objects(tool.definition.parameters_schema)
+        kind = self.dialect.args.kind
+        if kind == "json":
+            return self.json_value(name, schema)
+        props: dict[str, Any] = schema.get("properties", {})
+        required = set(schema.get("required", []))
+        defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+        items = []
+        for j, (key, sub) in enumerate(props.items()):
+            sub = {**sub, **defs} if isinstance(sub, dict) else sub
+            value = (self.xml_value if kind == "xml" else self.py_value)(f"{name}_{j}", sub)
+            items.append((key, value, key in required))
+        if kind == "xml":
+            return self.add(name, self.xml_params(items) or '""')
+        return self.add(name, self.py_params(name, items) or '""')
+
+    def xml_params(self, items: list[tuple[str, str, bool]]) -> str:
+        a: Args = self.dialect.args
+        parts = []
+        for key, value, required in items:  # each value rule ends with value_close
+            one = f"{self.lit(a.key_open + key + a.key_close)} {value}"
+            parts.append(one if required else f"({one})?")
+        return " ".join(parts)
+
+    def xml_value(self, name: str, schema: Any) -> str:
+        """A value and its closing marker. A raw string ends at the first closing marker:
+        where that marker is text, one lazy lexeme (the string and the marker, which a
+        greedy regex would swallow); where it is a token, a regex never matches it."""
+        close = self.dialect.args.value_close
+        if not resolves_to_string(schema):
+            value = self.json_value(name, schema if isinstance(schema, dict) else {})
+            return f"{value} {self.lit(close)}"
+        values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        if values:
+            alts = self.add(name, " | ".join(text_markup(v) or '""' for v in values))
+            return f"{alts} {self.lit(close)}"
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
+        span = f"{{{lo},{hi}}}"
+        if "<[" not in self.lit(close):
+            self.rules.append(f"{name}[lazy]: /(?s:.{span})/ {text_markup(close)}")
+            return name
+        terminal = name.upper()
+        self.rules.append(f"{terminal}: /(?s:.{span})/ & "
+                          f"~/(?s:.*{_regex_text(close.strip())}.*)/")
+        return f"{terminal} {self.lit(close)}"
+
+    def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str:
+        """``k=v`` joined by the separator: required ones always, optional ones maybe, no
+        separator before the first one written. ``r_i``: items i.. after something was
+        written; ``f_i``: items i.. with nothing written yet (linear in size)."""
+        sep = self.lit(self.dialect.args.separator)
+        kws = [f"{text_markup(k + '=')} {v}" for k, v, _ in items]
+        n = len(items)
+        for i in range(n - 1, -1, -1):
+            rest = f" {name}_r{i + 1}" if i + 1 < n else ""
+            one = f"{sep} {kws[i]}"
+            self.add(f"{name}_r{i}", (one if items[i][2] else f"({one})?") + rest)
+            first = f"{kws[i]}{rest}"
+            if not items[i][2]:
+                later = f"{name}_f{i + 1}" if i + 1 < n else '""'
+                first = f"{first} | {later}"
+            self.add(f"{name}_f{i}", first)
+        return f"{name}_f0" if n else ""
+
+    def py_value(self, name: str, schema: Any) -> str:
+        quote = self.dialect.args.quote
+        if resolves_to_string(schema):
+            values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+            if values:
+                return self.add(name, " | ".join(
+                    text_markup(_py_literal(v, quote)) for v in values))
+            q = _regex_text(quote)
+            span = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', RAW_STRING_MAX)}}}"
+            terminal = name.upper()
+            self.rules.append(f"{terminal}: /{q}(?:[^{q}\\\\\\n]|\\\\.){span}{q}/")
+            return terminal
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if kind == "boolean":
+            return self.add(name, '"True" | "False"')
+        if kind == "null":
+            return self.add(name, '"None"')
+        return self.json_value(name, schema if isinstance(schema, dict) else {})
+
+    # -- calls
+    def call(self, name: str, tool: Tool, args_rule: str, index: int) -> str:
+        d = self.dialect
+        parts = []
+        for piece in d.call:
+            if isinstance(piece, str):
+                parts.append(self.lit(piece))
+            elif piece is NAME:
+                parts.append(self.lit(tool.name))
+            elif piece is ID:
+                parts.append(self.lit(str(index)) if d.ids == "index"
+                             else "/[A-Za-z0-9]{9}/")
+            elif piece is INDEX:
+                parts.append(self.lit(str(index)))
+            elif piece is ARGS:
+                parts.append(args_rule)
+        return self.add(name, " ".join(p for p in parts if p))
+
+
+def _py_literal(value: str, quote: str) -> str:
+    body = json.dumps(value, ensure_ascii=False)[1:-1]
+    if quote == "'":
+        body = body.replace('\\"', '"').replace("'", "\\'")
+    return f"{quote}{body}{quote}"
+
+
+def _plain(dialect: Dialect) -> str:
+    """Free text, never empty (an empty turn is neither an answer nor a call) and never the
+    call opening: the opening's first word, where it is markup (``<tool_call>``,
+    ``[TOOL_CALLS]``, ``<|START_ACTION|>[``), nowhere in it; otherwise (``{"name":``, a bare
+    ``[``) only not at its start, since calls open a reply and never follow text. Where the
+    text has a closing marker (Command R7B's ``<|END_RESPONSE|>``), the text never holds it."""
+    banned = []
+    words = dialect.trigger.split()
+    if words:
+        head = words[0]
+        anywhere = len(head) > 3 and head[0] in "<[" and any(c in head[1:] for c in ">]")
+        banned.append(("(?s:.*" if anywhere else "(?s:\\s*") + _regex_text(head) + ".*)")
+    if dialect.text_close.strip():
+        banned.append("(?s:.*" + _regex_text(dialect.text_close.strip()) + ".*)")
+    return r"PLAIN: /(?s:\s*\S.*)/" + "".join(f" & ~/{b}/" for b in banned)
 
 
 def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
-                 parallel: bool | int = True, output: dict[str, Any] | None = None) -> str:
-    """The Lark grammar (llguidance dialect) for one assistant turn with ``tools``.
+                 parallel: bool | int = True, output: dict[str, Any] | None = None,
+                 dialect: Dialect = HERMES, markup: Markup = text_markup) -> str:
+    """The Lark grammar (llguidance dialect) for one assistant turn with ``tools``, written
+    in ``dialect``; ``markup`` renders its literal text (:func:`markup_for` an engine).
 
     ``parallel``: False for exactly one call per turn, True for up to
     ``DEFAULT_MAX_CALLS`` (a small model would otherwise repeat calls until
-    max_tokens), or an int for up to that many.
+    max_tokens), or an int for up to that many; never more than the dialect allows.
     """
     parallel = check_parallel(parallel)
     max_calls = DEFAULT_MAX_CALLS if parallel is True else 1 if parallel is False else parallel
+    if dialect.max_calls is not None:
+        max_calls = min(max_calls, dialect.max_calls)
     tool_choice = check_tool_choice(tool_choice, [t.name for t in tools])
     callable_tools = [t for t in tools if tool_choice in TOOL_CHOICES or t.name == tool_choice]
+    b = _Builder(dialect, markup)
     free = "answer" if output is not None else "PLAIN"
-    more = ""
-    for _ in range(max_calls - 1):  # nested optionals: at most max_calls calls
-        more = f' ("\\n" call{more})?'
-    calls = f"calls: call{more}"
-    rules = {
-        "auto": f"start: {free} | calls",
-        "none": f"start: {free}",
-    }.get(tool_choice, "start: calls")
-    lines = [rules]
+    close = markup(dialect.text_close)
+    if close and output is None and "<[" not in close:
+        # text closed by text: one lazy lexeme, as a greedy one would swallow the marker
+        b.rules.append(f"text[lazy]: PLAIN {close}")
+        free, close = "text", ""
+    free = " ".join(p for p in (markup(dialect.text_open), free, close) if p)
+    lines = [{"auto": f"start: {free} | calls", "none": f"start: {free}"}.get(
+        tool_choice, "start: calls")]
     if tool_choice != "none":
-        lines += [
-            calls,
-            f'call: "{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"',
-            f"body: %json {json.dumps(_body_schema(callable_tools))}",
-        ]
+        lines.append(_calls(b, callable_tools, max_calls))
     if output is not None:
         answer = {**bound_numbers(closed_objects(output)), "x-guidance": _COMPACT}
         lines.append(f"answer: %json {json.dumps(answer)}")
     else:
-        lines.append(_PLAIN)
-    return "\n".join(lines) + "\n"
+        lines.append(_plain(dialect))
+    return "\n".join(lines + b.rules) + "\n"
 
 
-def opening_tokens(engine: Vocabulary) -> NDArray[np.intp]:
-    """The tokens a reply can begin a ``<tool_call>`` with: those spelling a non-empty prefix
-    of it, or it whole (and more). Computed once per engine."""
-    opening = CALL_OPEN.encode()
+def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int) -> str:
+    d = b.dialect
+    by_position = d.ids == "index" or INDEX in d.call
+    args = [b.args(f"a{i}", t) for i, t in enumerate(tools)]
+    positions = range(max_calls) if by_position else range(1)
+    for k in positions:
+        alts = [b.call(f"t{i}_{k}", t, args[i], k) for i, t in enumerate(tools)]
+        b.add(f"call_{k}", " | ".join(alts))
+    sep = b.lit(d.separator)
+    more = ""
+    for k in range(max_calls - 1, 0, -1):  # nested optionals: at most max_calls calls
+        more = f" ({sep} call_{k if by_position else 0}{more})?"
+    open_, close = (b.lit(d.section[0]), b.lit(d.section[1])) if d.section else ("", "")
+    return " ".join(p for p in ("calls:", open_, f"call_0{more}", close) if p)
+
+
+def opening_tokens(engine: Vocabulary, dialect: Dialect = HERMES) -> NDArray[np.intp]:
+    """The tokens a reply can begin ``dialect``'s calls with: the opening marker's token
+    when it is one special token, else those spelling a non-empty prefix of the opening
+    text, or it whole (and more). Empty when calls open with the tool's name. Computed
+    once per engine and opening."""
+    trigger = dialect.trigger
 
     def build() -> NDArray[np.intp]:
+        if not trigger:
+            return np.array([], dtype=np.intp)
+        head = markup_for(engine)(trigger).split(" ", 1)[0]
+        if head.startswith("<["):
+            return np.array([int(head[2:-2])], dtype=np.intp)
+        opening = trigger.encode()
         ids = [t for t in range(engine.n_vocab)
                if not engine.is_control(t) and (b := engine.token_bytes(t))
                and (opening.startswith(b) or b.startswith(opening))]
         return np.array(ids, dtype=np.intp)
 
-    return engine.cache(("call_opening",), build)
-
-
-def parse_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]]:
-    """Split a reply into its text before the calls and the validated calls.
-
-    Raises ``ToolArgumentsInvalid`` for a call whose body is not JSON, names no
-    tool, or whose arguments fail the tool's validator.
-    """
-    by_name = {t.name: t for t in tools}
-    calls: list[ToolCall] = []
-    first = text.find(CALL_OPEN)
-    lead = text if first < 0 else text[:first]
-    for match in CALL_BLOCK.finditer(text):
-        try:
-            body = json.loads(match.group(1))
-        except json.JSONDecodeError as exc:
-            raise ToolArgumentsInvalid("?", match.group(1), [f"not JSON: {exc}"]) from exc
-        name = body.get("name") if isinstance(body, dict) else None
-        if name not in by_name:
-            raise ToolArgumentsInvalid(str(name), body, ["no such tool"])
-        args = body.get("arguments")
-        parsed = by_name[name].validate(args)
-        calls.append(ToolCall(id=f"call_{next(_ids)}", name=name,
-                              arguments=dict(args) if isinstance(args, dict) else {},
-                              parsed=parsed))
-    return lead.strip(), calls
+    return engine.cache(("call_opening", trigger), build)

@@ -1,0 +1,309 @@
+"""Tool-call dialects as data: how each model family writes its calls.
+
+A :class:`Dialect` is a small record. A call is a sequence of *pieces*: literal markup and
+slots (the tool's name, a call id, the call's index in the turn, the arguments), so one
+record says ``<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`` (Hermes),
+``[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]ARGS`` (Mistral v11) or
+``<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>ARGS<|tool_call_end|>``
+(Kimi K2). Around the calls: an optional per-turn section, a separator between parallel
+calls, a cap on calls per turn; around plain text: an optional wrapper (harmony's final
+channel, Command R7B's response). Arguments are encoded one of three ways
+(:class:`Args`): a JSON object, XML-like key/value pairs (a parameter the schema types as
+string is raw text, any other is JSON), or Python keyword arguments.
+
+The same record drives the grammar (:mod:`.grammar`), the parser (:mod:`.parser`), the
+wire text of stored calls (:func:`render_calls`, what detection compares a template's
+rendering with, and what goes into content where a template drops calls) and the history
+adapter (:mod:`.detect`): ids in the family's scheme, arguments as the template wants
+them. Markers are text here; they become token ids only against a vocabulary.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..messages import ToolCall
+
+__all__: list[str] = []
+
+
+class Slot(enum.Enum):
+    """A call piece the model fills in."""
+
+    NAME = "name"
+    """The tool's name (one of the turn's tools)."""
+    ID = "id"
+    """The call id, written by the model in the dialect's ``ids`` scheme."""
+    INDEX = "index"
+    """The call's position in the turn (0, 1, ...)."""
+    ARGS = "args"
+    """The arguments, encoded as ``Dialect.args`` says."""
+
+
+NAME, ID, INDEX, ARGS = Slot.NAME, Slot.ID, Slot.INDEX, Slot.ARGS
+Piece = str | Slot
+
+
+@dataclass(frozen=True)
+class Args:
+    """How arguments are written.
+
+    - ``json``: one JSON object (the tool's parameter schema).
+    - ``xml``: per parameter ``key_open KEY key_close VALUE value_close``; a value whose
+      schema resolves to string is raw text (it cannot contain ``value_close``), any other
+      value is JSON.
+    - ``python``: ``key=value`` joined by ``separator``; strings quoted with ``quote``,
+      booleans ``True``/``False``, null ``None``, numbers, lists and dicts as JSON.
+    """
+
+    kind: Literal["json", "xml", "python"] = "json"
+    key_open: str = ""
+    key_close: str = ""
+    value_close: str = ""
+    separator: str = ""
+    quote: str = '"'
+
+
+JSON_ARGS = Args()
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One family's tool-call format (see the module docstring)."""
+
+    name: str
+    call: tuple[Piece, ...]
+    """One call: literal markup and slots."""
+    section: tuple[str, str] | None = None
+    """Markup opening and closing the turn's calls, when the family has it."""
+    separator: str = ""
+    """Between parallel calls."""
+    args: Args = JSON_ARGS
+    ids: Literal["none", "alnum9", "index", "kimi"] = "none"
+    """Call ids: none (chatkit numbers them), Mistral's 9 alphanumerics (written by the
+    model in the ``ID`` slot), the call's index as a string (Command R7B), or Kimi's
+    ``functions.NAME:INDEX``."""
+    max_calls: int | None = None
+    """Calls a turn may hold (1 where the family makes one call per turn)."""
+    text_open: str = ""
+    text_close: str = ""
+    """Markup around a plain-text reply (harmony's final channel, Command R7B)."""
+    stops: tuple[str, ...] = ()
+    """Markup that ends the model's turn after its calls on the family's own vocabulary
+    (documentation; a grammar ends the turn itself)."""
+    families: tuple[str, ...] = ()
+    """Model families that write this dialect (for docs and logs)."""
+    # -- history: what the template needs to render stored calls back
+    args_as: Literal["dict", "string"] = "dict"
+    """``arguments`` as the template reads them: a mapping, or JSON text."""
+    renders_calls: bool = True
+    """False where the template drops ``tool_calls`` (Granite 3.3, LFM2, Phi-4-mini): the
+    calls then go into the assistant's content, in this dialect's markup."""
+    signature: tuple[str, ...] = field(default=())
+    """For templates that never render calls: source text that identifies the family."""
+
+    @property
+    def trigger(self) -> str:
+        """The text a reply's calls begin with ("" when a call begins with its name)."""
+        first = self.section[0] if self.section else ""
+        if first:
+            return first
+        out = ""
+        for piece in self.call:
+            if not isinstance(piece, str):
+                break
+            out += piece
+        return out
+
+    def call_id(self, name: str, index: int, written: str | None) -> str:
+        """The id of a parsed call: the one the model wrote, else from the scheme, else
+        chatkit's ``call_N`` (``written`` is None then)."""
+        if self.ids == "kimi":
+            return f"functions.{name}:{index}"
+        if written is not None and self.ids == "alnum9":
+            return written
+        return ""
+
+    def history_id(self, call_id: str) -> str:
+        """A stored id in the form the template accepts: Mistral's templates refuse ids
+        that are not 9 alphanumerics, so any other id maps to a stable 9-character one
+        (the same for the call and its result)."""
+        if self.ids != "alnum9" or (len(call_id) == 9 and call_id.isascii()
+                                    and call_id.isalnum()):
+            return call_id
+        digest = hashlib.sha256(call_id.encode()).digest()
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+        return "".join(alphabet[b % len(alphabet)] for b in digest[:9])
+
+
+# ------------------------------------------------------------------ wire text
+def _py_value(value: Any, quote: str) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        body = json.dumps(value, ensure_ascii=False)[1:-1]
+        if quote == "'":
+            body = body.replace('\\"', '"').replace("'", "\\'")
+        return f"{quote}{body}{quote}"
+    return _json(value)
+
+
+def _json(value: Any) -> str:
+    # compact, as the grammar writes it (detection compares whitespace aside)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def render_args(args: Args, arguments: dict[str, Any]) -> str:
+    """Arguments in the dialect's encoding (strings raw in XML), JSON compact."""
+    if args.kind == "json":
+        return _json(arguments)
+    if args.kind == "python":
+        return args.separator.join(f"{k}={_py_value(v, args.quote)}"
+                                   for k, v in arguments.items())
+    parts = []
+    for key, value in arguments.items():
+        text = value if isinstance(value, str) else _json(value)
+        parts.append(f"{args.key_open}{key}{args.key_close}{text}{args.value_close}")
+    return "".join(parts)
+
+
+def render_call(dialect: Dialect, call: ToolCall, index: int) -> str:
+    """One call as the family writes it."""
+    out = []
+    for piece in dialect.call:
+        if isinstance(piece, str):
+            out.append(piece)
+        elif piece is NAME:
+            out.append(call.name)
+        elif piece is ID:
+            out.append(dialect.history_id(call.id) if dialect.ids == "alnum9" else str(index)
+                       if dialect.ids == "index" else call.id)
+        elif piece is INDEX:
+            out.append(str(index))
+        else:
+            out.append(render_args(dialect.args, call.arguments))
+    return "".join(out)
+
+
+def render_calls(dialect: Dialect, calls: Sequence[ToolCall]) -> str:
+    """A turn's calls as the family writes them (section, separators included)."""
+    body = dialect.separator.join(render_call(dialect, c, i) for i, c in enumerate(calls))
+    if dialect.section:
+        return dialect.section[0] + body + dialect.section[1]
+    return body
+
+
+# ------------------------------------------------------------------ the families
+def _json_call(open_: str, close: str, *, name_field: str = "name",
+               args_field: str = "arguments") -> tuple[Piece, ...]:
+    return (f'{open_}{{"{name_field}": "', NAME, f'", "{args_field}": ', ARGS, f"}}{close}")
+
+
+HERMES = Dialect(
+    "hermes", _json_call("<tool_call>\n", "\n</tool_call>"), separator="\n",
+    families=("Hermes 2 Pro", "Hermes 3", "Qwen2.5", "Qwen3", "QwQ", "Granite 4", "SmolLM3"))
+QWEN3_XML = Dialect(
+    "qwen3-xml", ("<tool_call>\n<function=", NAME, ">\n", ARGS, "</function>\n</tool_call>"),
+    separator="\n", args=Args("xml", "<parameter=", ">\n", "\n</parameter>\n"),
+    families=("Qwen3-Coder", "Qwen3.5", "Nemotron 3 Nano", "StepFun 3.5"))
+LLAMA3_JSON = Dialect(
+    "llama3-json", ('{"name": "', NAME, '", "parameters": ', ARGS, "}"), max_calls=1,
+    stops=("<|eom_id|>",), families=("Llama 3.1", "Llama 3.2", "Llama 3.3"))
+LLAMA4_JSON = Dialect(
+    "llama4-json", ('{"name": "', NAME, '", "parameters": ', ARGS, "}"),
+    section=("<|python_start|><|python_end|>", ""), families=("Llama 4",))
+LLAMA4_PYTHONIC = Dialect(
+    "llama4-pythonic", (NAME, "(", ARGS, ")"), section=("[", "]"), separator=", ",
+    args=Args("python", separator=", ", quote='"'), families=("Llama 4 (pythonic)",))
+MISTRAL_V3 = Dialect(
+    "mistral-v3", ('{"name": "', NAME, '", "arguments": ', ARGS, ', "id": "', ID, '"}'),
+    section=("[TOOL_CALLS][", "]"), separator=", ", ids="alnum9",
+    families=("Mistral 7B v0.3", "Mistral Nemo", "Mistral Large 2407"))
+MISTRAL_V11_IDS = Dialect(
+    "mistral-v11-ids", ("[TOOL_CALLS]", NAME, "[CALL_ID]", ID, "[ARGS]", ARGS),
+    ids="alnum9", families=("Mistral Small 3.2",))
+MISTRAL_V11 = Dialect(
+    "mistral-v11", ("[TOOL_CALLS]", NAME, "[ARGS]", ARGS),
+    families=("Devstral", "Ministral 3", "Magistral"))
+HARMONY = Dialect(
+    "harmony", (" to=functions.", NAME, "<|channel|>commentary json<|message|>", ARGS,
+                "<|call|>"),
+    max_calls=1, text_open="<|channel|>final<|message|>", stops=("<|call|>",),
+    families=("gpt-oss",))
+DEEPSEEK_R1 = Dialect(
+    "deepseek-r1", ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>", NAME,  # noqa: RUF001
+                    "\n```json\n", ARGS, "\n```<｜tool▁call▁end｜>"),  # noqa: RUF001
+    section=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),  # noqa: RUF001
+    separator="\n", families=("DeepSeek R1", "DeepSeek V3", "R1 distills"),
+    # The Hub template renders stored calls only when content is None, which
+    # transformers' normalisation never passes: known by its markup, calls go into content.
+    signature=("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json"))  # noqa: RUF001
+DEEPSEEK_V31 = Dialect(
+    "deepseek-v3.1", ("<｜tool▁call▁begin｜>", NAME, "<｜tool▁sep｜>", ARGS,  # noqa: RUF001
+                      "<｜tool▁call▁end｜>"),  # noqa: RUF001
+    section=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),  # noqa: RUF001
+    families=("DeepSeek V3.1",))
+COMMAND_R7B = Dialect(
+    "command-r7b", ('{"tool_call_id": "', ID, '", "tool_name": "', NAME,
+                    '", "parameters": ', ARGS, "}"),
+    section=("<|START_ACTION|>[\n    ", "\n]<|END_ACTION|>"), separator=",\n    ",
+    ids="index", text_open="<|START_RESPONSE|>", text_close="<|END_RESPONSE|>",
+    families=("Command R7B",))
+GRANITE3 = Dialect(
+    "granite-3", _json_call("", ""), section=("<|tool_call|>[", "]"), separator=", ",
+    renders_calls=False, signature=("<|tool_call|>", "available_tools"),
+    families=("Granite 3.x",))
+FUNCTIONARY_V31 = Dialect(
+    "functionary-v3.1", ("<function=", NAME, ">", ARGS, "</function>"),
+    stops=("<|eom_id|>",), families=("Functionary v3.1",))
+FUNCTIONARY_V32 = Dialect(
+    "functionary-v3.2", (NAME, "\n", ARGS), separator="\n>>>", text_open="all\n",
+    args_as="string", families=("Functionary v3.2",))
+KIMI_K2 = Dialect(
+    "kimi-k2", ("<|tool_call_begin|>functions.", NAME, ":", INDEX,
+                "<|tool_call_argument_begin|>", ARGS, "<|tool_call_end|>"),
+    section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"), ids="kimi",
+    families=("Kimi K2",))
+GLM45 = Dialect(
+    "glm-4.5", ("<tool_call>", NAME, "\n", ARGS, "</tool_call>"), separator="\n",
+    args=Args("xml", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n"),
+    stops=("<|observation|>",), families=("GLM-4.5", "GLM-4.6"))
+MINIMAX_M2 = Dialect(
+    "minimax-m2", ('<invoke name="', NAME, '">\n', ARGS, "</invoke>\n"),
+    section=("<minimax:tool_call>\n", "</minimax:tool_call>"),
+    args=Args("xml", '<parameter name="', '">', "</parameter>\n"), families=("MiniMax-M2",))
+SEED_OSS = Dialect(
+    "seed-oss", ("<seed:tool_call>\n<function=", NAME, ">\n", ARGS,
+                 "</function>\n</seed:tool_call>"), separator="\n",
+    args=Args("xml", "<parameter=", ">", "</parameter>\n"), families=("Seed-OSS",))
+NEMOTRON_V2 = Dialect(
+    "nemotron-v2", _json_call("", ""), section=("<TOOLCALL>[", "]</TOOLCALL>"),
+    separator=", ", families=("Nemotron Nano v2",))
+PHI4_MINI = Dialect(
+    "phi-4-mini", _json_call("", ""), section=("<|tool_call|>[", "]<|/tool_call|>"),
+    separator=", ", renders_calls=False, signature=("<|tool|>", "<|/tool|>"),
+    families=("Phi-4-mini",))
+APERTUS = Dialect(
+    "apertus", ('{"', NAME, '": ', ARGS, "}"), section=("<|tools_prefix|>[", "]<|tools_suffix|>"),
+    separator=", ", families=("Apertus",))
+LFM2 = Dialect(
+    "lfm2", (NAME, "(", ARGS, ")"), section=("<|tool_call_start|>[", "]<|tool_call_end|>"),
+    separator=", ", args=Args("python", separator=", ", quote="'"),
+    families=("LFM2.5",))
+LFM2_CONTENT = Dialect(
+    "lfm2-content", LFM2.call, section=LFM2.section, separator=LFM2.separator, args=LFM2.args,
+    renders_calls=False, signature=("<|tool_list_start|>",), families=("LFM2",))
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (
+    HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
+    MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
+    FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
+    LFM2, LFM2_CONTENT)}
+"""Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

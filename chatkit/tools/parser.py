@@ -1,0 +1,289 @@
+"""One parser for every tool-call dialect: the markers the grammar wrote, read back.
+
+The grammar fixes the shape, so the parser scans the dialect's pieces in order (literal
+markup compared whitespace aside), takes the name among the turn's tools, the id in the
+dialect's scheme, and the arguments in its encoding, typed by the tool's schema
+(``<parameter=n>5</parameter>`` is 5 for an integer, "5" for a string). It never guesses
+a value's type from the text alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ToolArgumentsInvalid
+from ..messages import ToolCall
+from .definition import Tool
+from .dialects import ARGS, ID, INDEX, NAME, Dialect
+from .grammar import resolves_to_string
+
+__all__: list[str] = []
+
+_ids = itertools.count(1)
+_DECODER = json.JSONDecoder()
+
+
+class _NoMatch(Exception):
+    """The text does not continue as the dialect says (at ``pos``)."""
+
+    def __init__(self, pos: int, wanted: str) -> None:
+        super().__init__(f"expected {wanted!r} at {pos}")
+        self.pos = pos
+        self.wanted = wanted
+
+
+@dataclass(frozen=True)
+class ScannedCall:
+    """A call as written: its name, the id the model wrote (if any), its arguments (typed
+    by the schema, unvalidated) and where it sits in the text."""
+
+    name: str
+    written_id: str | None
+    arguments: Any
+    start: int
+    end: int
+
+
+def _expect(text: str, pos: int, literal: str) -> int:
+    """Where ``literal`` ends when ``text`` continues with it at ``pos``, whitespace aside;
+    raises ``_NoMatch``."""
+    i = pos
+    for ch in literal:
+        if ch.isspace():
+            continue
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text) or text[i] != ch:
+            raise _NoMatch(pos, literal)
+        i += 1
+    trailing = len(literal) - len(literal.rstrip())  # trailing layout belongs to it
+    while trailing and i < len(text) and text[i].isspace():
+        i += 1
+        trailing -= 1
+    return i
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+class _Scanner:
+    def __init__(self, text: str, dialect: Dialect, tools: Sequence[Tool]) -> None:
+        self.text = text
+        self.d = dialect
+        self.by_name = {t.name: t for t in tools}
+        self.names = sorted(self.by_name, key=len, reverse=True)
+
+    def name(self, pos: int, following: str | None) -> tuple[str, int]:
+        pos = _skip_space(self.text, pos)
+        for n in self.names:
+            if self.text.startswith(n, pos):
+                end = pos + len(n)
+                if following is None or self._continues(end, following):
+                    return n, end
+        raise _NoMatch(pos, "a tool name")
+
+    def _continues(self, pos: int, literal: str) -> bool:
+        try:
+            _expect(self.text, pos, literal)
+        except _NoMatch:
+            return False
+        return True
+
+    def call(self, pos: int, index: int) -> ScannedCall:
+        start = pos
+        name = ""
+        written: str | None = None
+        args: Any = None
+        pieces = self.d.call
+        for k, piece in enumerate(pieces):
+            nxt = pieces[k + 1] if k + 1 < len(pieces) else None
+            following = nxt if isinstance(nxt, str) else None
+            if isinstance(piece, str):
+                pos = _expect(self.text, pos, piece)
+            elif piece is NAME:
+                name, pos = self.name(pos, following)
+            elif piece is ID or piece is INDEX:
+                pos = _skip_space(self.text, pos)
+                end = pos
+                while end < len(self.text) and self.text[end].isalnum():
+                    end += 1
+                if piece is ID:
+                    written = self.text[pos:end]
+                pos = end
+            elif piece is ARGS:
+                args, pos = self.args(pos, self.by_name[name] if name else None, following)
+        return ScannedCall(name, written, args, start, pos)
+
+    def args(self, pos: int, tool: Tool | None, following: str | None) -> tuple[Any, int]:
+        kind = self.d.args.kind
+        if kind == "json":
+            pos = _skip_space(self.text, pos)
+            try:
+                value, end = _DECODER.raw_decode(self.text, pos)
+            except ValueError as exc:
+                raise _NoMatch(pos, "JSON arguments") from exc
+            return value, end
+        schema = tool.definition.parameters_schema if tool is not None else {}
+        props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        if kind == "xml":
+            return self.xml_args(pos, props)
+        return self.py_args(pos, props, following)
+
+    def xml_args(self, pos: int, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        a = self.d.args
+        out: dict[str, Any] = {}
+        close = a.value_close.strip()
+        while self._continues(pos, a.key_open):
+            pos = _expect(self.text, pos, a.key_open)
+            end = self.text.find(a.key_close.strip() or a.key_close, pos)
+            if end < 0:
+                raise _NoMatch(pos, a.key_close)
+            key = self.text[pos:end].strip()
+            pos = _expect(self.text, end, a.key_close)
+            stop = self.text.find(close, pos)
+            if stop < 0:
+                raise _NoMatch(pos, close)
+            raw = self.text[pos:stop]
+            lead = a.value_close[: len(a.value_close) - len(a.value_close.lstrip())]
+            if lead and raw.endswith(lead):
+                raw = raw[: -len(lead)]
+            out[key] = raw if resolves_to_string(props.get(key)) else _json_value(raw, key)
+            pos = _expect(self.text, stop, close)
+            tail = a.value_close[a.value_close.index(close) + len(close):]
+            if tail and self.text.startswith(tail, pos):
+                pos += len(tail)
+        return out, pos
+
+    def py_args(self, pos: int, props: dict[str, Any],
+                following: str | None) -> tuple[dict[str, Any], int]:
+        closer = (following or ")").strip() or ")"
+        end = self.text.find(closer, pos)
+        while end >= 0:
+            try:
+                node = ast.parse(f"f({self.text[pos:end]})", mode="eval").body
+            except SyntaxError:
+                end = self.text.find(closer, end + 1)
+                continue
+            if isinstance(node, ast.Call) and not node.args:
+                out = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+                return out, end
+            break
+        raise _NoMatch(pos, "Python keyword arguments")
+
+    def calls(self, pos: int) -> tuple[list[ScannedCall], int]:
+        d = self.d
+        if d.section:
+            pos = _expect(self.text, pos, d.section[0])
+        found = [self.call(pos, 0)]
+        pos = found[-1].end
+        while True:
+            try:
+                after = _expect(self.text, pos, d.separator) if d.separator else pos
+                found.append(self.call(after, len(found)))
+            except _NoMatch:
+                break
+            pos = found[-1].end
+        if d.section and d.section[1]:
+            pos = _expect(self.text, pos, d.section[1])
+        return found, pos
+
+
+def _json_value(raw: str, key: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # the validator names it (a string where the schema wants another type)
+
+
+_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False,
+          "None": None}
+
+
+def _literal(node: ast.AST) -> Any:
+    """A Python literal (JSON's true / false / null accepted too)."""
+    if isinstance(node, ast.Name) and node.id in _NAMES:
+        return _NAMES[node.id]
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        return {_literal(k) if k is not None else None: _literal(v)
+                for k, v in zip(node.keys, node.values, strict=True)}
+    return ast.literal_eval(node)
+
+
+def starts_calls(text: str, dialect: Dialect) -> bool:
+    """Whether a reply is calls (it opens with the dialect's call markup), not text."""
+    trigger = dialect.trigger
+    stripped = text.lstrip()
+    if trigger.strip():
+        return stripped.startswith(trigger.strip())
+    return bool(stripped) and not (dialect.text_open and text.startswith(dialect.text_open))
+
+
+def scan_calls(text: str, dialect: Dialect, tools: Sequence[Tool]) -> list[ScannedCall]:
+    """The calls a reply holds, as written (no validation); stops at the first thing that
+    is not a call (a reply cut short)."""
+    scanner = _Scanner(text, dialect, tools)
+    try:
+        return scanner.calls(_skip_space(text, 0))[0]
+    except _NoMatch:
+        found: list[ScannedCall] = []
+        pos = _skip_space(text, 0)
+        try:
+            if dialect.section:
+                pos = _expect(text, pos, dialect.section[0])
+            while True:
+                if found and dialect.separator:
+                    pos = _expect(text, pos, dialect.separator)
+                found.append(scanner.call(pos, len(found)))
+                pos = found[-1].end
+        except (_NoMatch, KeyError):
+            return found
+
+
+def parse_calls(text: str, tools: Sequence[Tool],
+                dialect: Dialect | None = None) -> tuple[str, list[ToolCall]]:
+    """Split a reply into its text and its validated calls.
+
+    A reply is either text (the dialect's text wrapper removed) or calls. Raises
+    ``ToolArgumentsInvalid`` for calls that do not read as the dialect writes them, name
+    no tool, or whose arguments fail the tool's validator.
+    """
+    from .dialects import HERMES
+
+    d = dialect or HERMES
+    if not starts_calls(text, d):
+        body = text
+        if d.text_open and body.startswith(d.text_open):
+            body = body[len(d.text_open):]
+        if d.text_close and body.endswith(d.text_close):
+            body = body[: -len(d.text_close)]
+        return body.strip(), []
+    scanner = _Scanner(text, d, tools)
+    try:
+        scanned, end = scanner.calls(_skip_space(text, 0))
+    except _NoMatch as exc:
+        raise ToolArgumentsInvalid("?", text, [f"not a {d.name} tool call: expected "
+                                               f"{exc.wanted!r} at {exc.pos}"]) from None
+    if text[end:].strip():
+        raise ToolArgumentsInvalid("?", text, [f"text after the {d.name} calls: "
+                                               f"{text[end:][:40]!r}"])
+    calls = []
+    for index, sc in enumerate(scanned):
+        tool = scanner.by_name.get(sc.name)
+        if tool is None:
+            raise ToolArgumentsInvalid(sc.name, sc.arguments, ["no such tool"])
+        parsed = tool.validate(sc.arguments)
+        ident = d.call_id(sc.name, index, sc.written_id) or f"call_{next(_ids)}"
+        calls.append(ToolCall(id=ident, name=sc.name,
+                              arguments=dict(sc.arguments) if isinstance(sc.arguments, dict)
+                              else {}, parsed=parsed))
+    return "", calls
