@@ -124,6 +124,12 @@ def test_xml_values_are_typed_by_the_schema() -> None:
     # the raw string cannot hold its own closing marker
     assert not accepts(g, wire.replace("\n5\n</parameter>\n<parameter=days>",
                                        "\nOs\n</parameter>\nlo\n</parameter>\n<parameter=days>"))
+    # nor the marker without its whitespace (the parser ends a value at its first marker)
+    glm = DIALECTS["glm-4.5"]
+    wire = render_calls(glm, ONE)
+    assert accepts(tool_grammar(TOOLS, "required", dialect=glm), wire)
+    assert not accepts(tool_grammar(TOOLS, "required", dialect=glm),
+                       wire.replace("Oslo</arg_value>", "Oslo</arg_value>x</arg_value>"))
 
 
 def test_pythonic_arguments() -> None:

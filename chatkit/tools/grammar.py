@@ -159,9 +159,10 @@ class _Builder:
         return " ".join(parts)
 
     def xml_value(self, name: str, schema: Any) -> str:
-        """A value and its closing marker. A raw string ends at the first closing marker:
-        where that marker is text, one lazy lexeme (the string and the marker, which a
-        greedy regex would swallow); where it is a token, a regex never matches it."""
+        """A value and its closing marker. A raw string never holds the marker and ends at
+        its first one: where the marker is text, the string and the marker are one lazy
+        lexeme (a greedy regex would swallow the marker); where it is a token, a regex never
+        matches it anyway."""
         close = self.dialect.args.value_close
         if not resolves_to_string(schema):
             value = self.json_value(name, schema if isinstance(schema, dict) else {})
@@ -172,13 +173,16 @@ class _Builder:
             return f"{alts} {self.lit(close)}"
         lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
         span = f"{{{lo},{hi}}}"
-        if "<[" not in self.lit(close):
-            self.rules.append(f"{name}[lazy]: /(?s:.{span})/ {text_markup(close)}")
-            return name
+        core = close.strip()
+        lead = close[: len(close) - len(close.lstrip())]
+        tail = close[len(lead) + len(core):]
         terminal = name.upper()
-        self.rules.append(f"{terminal}: /(?s:.{span})/ & "
-                          f"~/(?s:.*{_regex_text(close.strip())}.*)/")
-        return f"{terminal} {self.lit(close)}"
+        # never the marker inside: the parser ends a value at its first marker
+        self.rules.append(f"{terminal}: /(?s:.{span})/ & ~/(?s:.*{_regex_text(core)}.*)/")
+        if "<[" in self.lit(core):
+            return f"{terminal} {self.lit(close)}"
+        self.rules.append(f"{name}[lazy]: {terminal} {text_markup(lead + core)}")
+        return f"{name} {self.lit(tail)}" if tail else name
 
     def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str:
         """``k=v`` joined by the separator: required ones always, optional ones maybe, no
