@@ -93,3 +93,30 @@ def test_streamed_tool_call_in_the_family_format(client: Any) -> None:
     assert calls[0]["name"] == "get_weather" and calls[0]["id"]
     assert set(json.loads(calls[0]["arguments"])) == {"city", "days"}
     assert not any(m in content for m in MARKUP)
+
+
+RESPONSES_WEATHER = {"type": "function", **WEATHER["function"]}
+
+
+def test_responses_api_calls_in_the_family_format(client: Any) -> None:
+    """The Responses API on the same lanes: a call (plain and streamed) and its output."""
+    first = client.responses.create(model=NAME, input="Weather in Oslo?",
+                                    tools=[RESPONSES_WEATHER], tool_choice="required",
+                                    parallel_tool_calls=False, max_output_tokens=400,
+                                    temperature=0)
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city", "days"}
+    second = client.responses.create(model=NAME, max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "12 C, rain"}])
+    assert [item.type for item in second.output] == ["message"]
+    with client.responses.stream(model=NAME, input="Weather in Rome?", tools=[RESPONSES_WEATHER],
+                                 tool_choice="required", max_output_tokens=400,
+                                 parallel_tool_calls=False, temperature=0) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.done" in kinds
+    (call,) = [item for item in final.output if item.type == "function_call"]
+    assert set(json.loads(call.arguments)) == {"city", "days"}

@@ -45,7 +45,7 @@ from ..grammar.schema import (
 from ..messages import Message
 from ..templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
 from ..tools.definition import Tool, check_tools
-from ..tools.detect import history_for, tool_setup
+from ..tools.detect import detect_dialect, history_for, tool_setup
 from ..tools.dialects import Dialect
 from ..tools.grammar import markup_for, opening_tokens, tool_grammar
 
@@ -180,7 +180,11 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
                              thinking=thinking, after_tools=after_tools, dialect=dialect)
     messages = (*ctx.history, *([user] if user else []))
-    prompt = _render(ctx, template, list(messages), tools, thinking=thinking, dialect=dialect)
+    history_dialect = dialect
+    if dialect is None and any(m.tool_calls for m in messages):
+        history_dialect = detect_dialect(template)  # earlier calls in its form (ids, ...)
+    prompt = _render(ctx, template, list(messages), tools, thinking=thinking,
+                     dialect=history_dialect)
     if len(prompt) + opts.max_tokens > engine.n_ctx_seq:
         raise ContextOverflow(len(prompt), opts.max_tokens, engine.n_ctx_seq)
     return TurnPlan(prompt=prompt, stop_ids=frozenset({stop_token, engine.eos_id}),
