@@ -30,6 +30,7 @@ import contextlib
 import io
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from datetime import date
@@ -39,7 +40,7 @@ from typing import Any
 import jsonschema
 import llama_cpp
 
-from chatkit import ChatkitError, Conversation, Model, Tool
+from chatkit import ChatkitError, ChatTemplate, Conversation, Model, Tool
 from chatkit.engine.compute import run_on_compute
 from chatkit.engine.model import default_model_path, default_threads
 
@@ -161,12 +162,13 @@ def parse_free(text: str) -> list[Call]:
     return calls
 
 
-def run_chatkit(model: Model, case: dict[str, Any], mode: str) -> list[Call] | None:
+def run_chatkit(model: Model, case: dict[str, Any], mode: str,
+                template: ChatTemplate | None = None) -> list[Call] | None:
     """The calls chatkit's reply made (None: a named error ended the reply)."""
     fns = functions(case)
     tools = [Tool.from_schema(f["name"], f["parameters"], f["description"]) for f in fns]
     *history, last = case["question"][0]
-    conv = Conversation(model, messages=history, max_tokens=256)
+    conv = Conversation(model, messages=history, max_tokens=256, template=template)
     try:
         if mode == "unconstrained":
             return parse_free(conv.send(last["content"], tools=tools, tool_choice="none").text)
@@ -221,7 +223,13 @@ def main() -> None:
     ap.add_argument("--categories", default=",".join(CATEGORIES))
     ap.add_argument("--modes", default=",".join(MODES),
                     help=f"comma-separated, of {', '.join([*MODES, 'unconstrained'])}")
+    ap.add_argument("--dialects", default=None,
+                    help="comma-separated dialects (or 'all'): each through a family template "
+                         "that writes it (tests/corpora), chatkit modes only")
+    ap.add_argument("--model", choices=("smol", "gemma"), default="smol")
     args = ap.parse_args()
+    if args.dialects:
+        return by_dialect(args)
     modes = args.modes.split(",")
     threads = default_threads()
     model = Model.load(n_ctx=4096, n_seq_max=2, n_threads=threads)
@@ -255,6 +263,58 @@ def main() -> None:
     for category, mode, n, k, secs in rows:
         print(f"| {category} | {mode} | {n} | {k['called']} | {k['valid']} | {k['ast']} "
               f"| {secs:.0f} |")
+
+
+# one family template per dialect (tests/corpora/*/templates)
+DIALECT_TEMPLATES = {
+    "hermes": "qwen2.5-instruct", "qwen3-xml": "qwen3-coder", "llama3-json": "llama-3.2-instruct",
+    "llama4-json": "llama-4", "mistral-v3": "mistral-nemo-instruct-2407",
+    "mistral-v11-ids": "mistral-small-3.2-instruct-2506", "mistral-v11": "devstral-small-2507",
+    "harmony": "gpt-oss", "deepseek-r1": "deepseek-r1", "deepseek-v3.1": "deepseek-v3.1",
+    "command-r7b": "command-r7b", "granite-3": "granite-3.3",
+    "functionary-v3.1": "functionary-v3.1", "functionary-v3.2": "functionary-v3.2",
+    "kimi-k2": "kimi-k2", "glm-4.5": "glm-4.6", "minimax-m2": "minimax-m2",
+    "seed-oss": "seed-oss", "nemotron-v2": "nemotron-nano-v2", "phi-4-mini": "phi-4-mini-instruct",
+    "apertus": "apertus", "lfm2": "lfm2.5", "lfm2-content": "lfm2",
+}
+
+
+def by_dialect(args: argparse.Namespace) -> None:
+    """``--dialects``: chatkit's modes under each dialect's family template."""
+    dialects = list(DIALECT_TEMPLATES) if args.dialects == "all" else args.dialects.split(",")
+    modes = [m for m in args.modes.split(",") if m.startswith("chatkit")]
+    if args.model == "gemma":
+        sys.path.insert(0, str(ROOT))
+        from tests.conftest import gemma_path
+
+        model = Model.load(gemma_path(), n_ctx=4096, n_seq_max=1, n_threads=default_threads())
+    else:
+        model = Model.load(n_ctx=4096, n_seq_max=1, n_threads=default_threads())
+    rows = []
+    for dialect in dialects:
+        family = DIALECT_TEMPLATES[dialect]
+        path = next((ROOT / "tests" / "corpora").glob(f"*/templates/{family}.jinja"))
+        template = ChatTemplate.from_string(path.read_text(), name=family)
+        for category in args.categories.split(","):
+            cases = load(category, args.limit)
+            for mode in modes:
+                if mode == "chatkit-required" and cases and cases[0][1] is None:
+                    continue
+                t0 = time.perf_counter()
+                scores = [score(c, run_chatkit(model, c, mode, template), truth)
+                          for c, truth in cases]
+                k = {key: sum(x[key] for x in scores) for key in ("called", "valid", "ast")}
+                rows.append((dialect, family, category, mode, len(scores), k,
+                             time.perf_counter() - t0))
+                print(f"  {dialect} {category} {mode}: {k} of {len(scores)}", flush=True)
+    print(f"{date.today()}, {Path(str(model.path)).name}, greedy, max_tokens 256, first "
+          f"{args.limit} cases per category; each dialect under its family's template")
+    print("| dialect (template) | category | mode | cases | called | all calls valid "
+          "| AST right | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dialect, family, category, mode, n, k, secs in rows:
+        print(f"| `{dialect}` ({family}) | {category} | {mode} | {n} | {k['called']} "
+              f"| {k['valid']} | {k['ast']} | {secs:.0f} |")
 
 
 if __name__ == "__main__":

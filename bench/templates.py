@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from chatkit import ChatTemplate, TemplateError  # noqa: E402
+from chatkit.tools.detect import detect_dialect  # noqa: E402
 
 CORPUS = ROOT / "tests" / "corpora" / "chat-templates"
 NOW = datetime(2024, 7, 26)
@@ -65,8 +66,9 @@ def main() -> None:
     print("| family | tools= (call format) | thinking switch | system role | end of turn |")
     print("|---|---|---|---|---|")
     for family, _, t in rows:
-        tools = "Hermes `<tool_call>` JSON" if t.tool_format else (
-            "refused: other format" if t.mentions_tools else "refused: none")
+        dialect = detect_dialect(t)
+        tools = f"`{dialect.name}`" if dialect else (
+            "refused: no format chatkit writes" if t.mentions_tools else "none")
         thinking = "`enable_thinking`" if t.supports_thinking else "-"
         system = "yes" if t.supports_system else "folded into the first user message"
         eot = f"`{t.end_of_turn}`" if t.end_of_turn else "the model's EOS"

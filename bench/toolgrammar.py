@@ -1,0 +1,119 @@
+"""Tool-call grammar compile times, per dialect: 1, 21 and 128 tools, cold and warm.
+
+    python3 dev.py bench toolgrammar [--model smol|gemma] [--sizes 1,21,128] [--repeat 3]
+
+Tools are BFCL v4's real function definitions (bench/corpora/bfcl, distinct names, in file
+order). For each dialect and size, what a turn with those tools waits for before its first
+token, grammar-wise, on the model's vocabulary:
+
+- ``cold``: the Lark grammar built (``tool_grammar``), compiled by llguidance for the
+  vocabulary (``Constraint.lark``, bypassing the engine's grammar cache), and the first
+  token mask computed (llguidance's tokenizer for the vocabulary is built once before any
+  timing: a process's first compile pays that too, see ``bench coldstart``);
+- ``warm``: the same turn again: the grammar text built again (it is the cache key), the
+  compiled grammar taken from the engine's cache and cloned, the first mask computed.
+
+The median of ``--repeat`` runs is reported, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chatkit import Constraint, Model
+from chatkit.chat.plan import _tools_constraint
+from chatkit.tools.definition import Tool
+from chatkit.tools.dialects import DIALECTS
+from chatkit.tools.grammar import markup_for, tool_grammar
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BFCL = ROOT / "bench" / "corpora" / "bfcl"
+FILES = ["BFCL_v4_simple_python.json", "BFCL_v4_multiple.json", "BFCL_v4_live_multiple.json",
+         "BFCL_v4_parallel_multiple.json"]
+
+
+def bfcl_tools(n: int) -> list[Tool]:
+    from bench.bfcl import functions  # BFCL's types mapped to JSON Schema, names sanitised
+
+    tools: dict[str, Tool] = {}
+    for name in FILES:
+        for line in (BFCL / name).read_text().splitlines():
+            for f in functions(json.loads(line)):
+                if f["name"] not in tools and len(tools) < n:
+                    try:
+                        tools[f["name"]] = Tool.from_schema(f["name"], f["parameters"],
+                                                            f["description"])
+                    except Exception:
+                        continue
+    if len(tools) < n:
+        raise SystemExit(f"only {len(tools)} usable BFCL functions")
+    return list(tools.values())
+
+
+def _first_mask(c: Any, n_vocab: int) -> None:
+    c.process(np.zeros(n_vocab, dtype=np.float32), [])
+
+
+def timed(model: Model, tools: list[Tool], dialect: str, cold: bool) -> float:
+    d = DIALECTS[dialect]
+    t0 = time.perf_counter()
+    if cold:
+        lark = tool_grammar(tools, "auto", parallel=True, dialect=d, markup=markup_for(model))
+        c = Constraint.lark(lark, model=model, stop_token=model.eos_id)
+    else:
+        c = _tools_constraint(model, tools, None, None, "auto", True, model.eos_id, d)
+    _first_mask(c, model.n_vocab)
+    return (time.perf_counter() - t0) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", choices=("smol", "gemma"), default="smol")
+    ap.add_argument("--sizes", default="1,21,128")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dialects", default=",".join(DIALECTS))
+    args = ap.parse_args()
+    if args.model == "gemma":
+        from tests.conftest import gemma_path
+
+        model = Model.load(gemma_path(), n_ctx=512)
+    else:
+        model = Model.load(n_ctx=512)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    pool = bfcl_tools(max(sizes))
+    timed(model, pool[:1], "hermes", True)  # llguidance's tokenizer, markup_for: once
+    rows = []
+    for dialect in args.dialects.split(","):
+        cells = []
+        for n in sizes:
+            tools = pool[:n]
+            cold = statistics.median(timed(model, tools, dialect, True)
+                                     for _ in range(args.repeat))
+            timed(model, tools, dialect, False)  # into the cache
+            warm = statistics.median(timed(model, tools, dialect, False)
+                                     for _ in range(args.repeat))
+            cells.append(f"{cold:.0f} / {warm:.1f}")
+        rows.append((dialect, cells))
+        print(f"  {dialect}: {cells}", flush=True)
+    print(f"{date.today()}, {Path(str(model.path)).name} ({model.n_vocab} tokens), "
+          f"tool_choice auto, parallel calls, BFCL v4 functions; median of {args.repeat}; "
+          "ms cold / warm")
+    print("| dialect | " + " | ".join(f"{n} tools" for n in sizes) + " |")
+    print("|---" * (len(sizes) + 1) + "|")
+    for dialect, cells in rows:
+        print(f"| `{dialect}` | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
