@@ -226,3 +226,5 @@ class Reply(Generic[T]):
     raw: str | None = None
     """The exact text the model wrote, markup included (tool calls in their dialect's
     markup, a think block); None where no reply was decoded."""
+    stop_sequence: str | None = None
+    """The stop string (``stop=``) that ended the reply; None when something else did."""

@@ -129,3 +129,43 @@ def test_contexts_are_reported_and_errors_name_their_numbers(smol: Model) -> Non
                  "max_tokens": 500}
         r = post(base, "/v1/chat/completions", json.dumps(short))
         assert r.status_code == 400 and "plus max_tokens (500)" in r.json()["error"]["message"]
+
+
+# Anthropic's Messages API: the same, in its own fields and block types.
+_A_FIELDS = ["messages", "model", "system", "max_tokens", "stop_sequences", "temperature",
+             "top_p", "top_k", "stream", "tools", "tool_choice", "thinking", "output_config",
+             "output_format", "metadata", "context_management"]
+_block = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image",
+                              "redacted_thinking", "tool_reference", "document", "x"]) | _json},
+    optional={"text": st.text(max_size=20) | _json, "id": _json, "name": _json,
+              "input": _json, "tool_use_id": _json, "content": _json, "is_error": _json,
+              "thinking": _json, "tool_name": _json})
+_a_message = st.fixed_dictionaries({
+    "role": st.sampled_from(["user", "assistant", "system", "x"]) | _json,
+    "content": st.text(max_size=30) | st.lists(_block, max_size=3) | _json})
+_a_body = st.one_of(
+    _json,
+    st.dictionaries(st.sampled_from(_A_FIELDS), _json, max_size=6),
+    st.fixed_dictionaries({"model": st.just("claude-x"), "messages": st.lists(_a_message,
+                                                                              max_size=3)},
+                          optional={k: _json for k in _A_FIELDS[2:]}),
+    # a valid conversation with 1-3 odd fields, so that those fields are what is read
+    st.dictionaries(st.sampled_from([k for k in _A_FIELDS[2:] if k != "max_tokens"]), _json,
+                    min_size=1, max_size=3).map(lambda odd: {
+                        "model": "claude-x", "max_tokens": 2,
+                        "messages": [{"role": "user", "content": "Hi"}], **odd}),
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(body=_a_body)
+def test_no_generated_messages_body_gets_a_5xx(base: str, body: Any) -> None:
+    if isinstance(body, dict) and "max_tokens" not in body:
+        body = {**body, "max_tokens": 2}  # a valid body answers quickly
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        r = post(base, path, json.dumps(body))
+        assert r.status_code < 500, (path, body, r.text)
+        if r.status_code >= 400:
+            assert r.json()["type"] == "error", r.text  # Anthropic's envelope

@@ -34,7 +34,7 @@ from ..grammar.constraints import Constraint, SchemaArg
 from ..messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from ..templates import ChatTemplate
 from ..tools.agent import ToolResult, arun_agent, run_agent
-from .plan import TurnContext, TurnPlan, plan_turn
+from .plan import THINK_BUDGET, TurnContext, TurnPlan, plan_turn
 from .runner import AsyncReplyStream, ReplyStream, drive, local_engine
 from .turn import KVState, Turn
 
@@ -70,7 +70,7 @@ class Conversation:
         stop: str | Sequence[str] = (),
         max_tokens: int = 512,
         template: ChatTemplate | str | None = None,
-        think_budget: int = 256,
+        think_budget: int = THINK_BUDGET,
         context_policy: Literal["drop_oldest"] | None = None,
     ) -> None:
         check_max_tokens(max_tokens)

@@ -40,6 +40,8 @@ class TextEmitter:
         self.text = ""
         self.cut = False
         """A stop string (or a repeated tool call) ended the text."""
+        self.stop_hit: str | None = None
+        """The stop string that ended the text."""
         self.dropped_calls = 0
         self._held = ""  # text withheld while it may be the start of a stop string
 
@@ -59,6 +61,7 @@ class TextEmitter:
                 emitted = len(self.text) - len(delta) - len(self._held)
                 self.text = self.text[:cut]
                 self.cut = True
+                self.stop_hit = s
                 self._held = ""
                 return self.text[emitted:]
         pending = self._held + delta

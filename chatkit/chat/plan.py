@@ -51,6 +51,9 @@ from ..tools.grammar import markup_for, opening_tokens, tool_grammar
 
 __all__: list[str] = []
 
+THINK_BUDGET = 256
+"""Tokens a think block may take unless the caller says otherwise."""
+
 _log = logging.getLogger("chatkit")
 
 NO_THINK_PREFILL = "<think>\n\n</think>\n\n"
@@ -70,7 +73,7 @@ class TurnContext:
     sampler: Sampler
     """The conversation's sampler (its RNG persists across turns)."""
     no_think: bool = False
-    think_budget: int = 256
+    think_budget: int = THINK_BUDGET
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     local: bool = True

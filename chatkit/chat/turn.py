@@ -353,6 +353,8 @@ class Turn(TurnView):
                                   dropped_calls=em.dropped_calls)
         if plan.probabilities and not reply.tool_calls:
             reply = self._with_choices(reply, raw=text)
+        if em.stop_hit is not None:
+            reply = dataclasses.replace(reply, stop_sequence=em.stop_hit)
         self._added = [*([plan.user] if plan.user is not None else []), message]
         if record:
             self.record()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..chat.conversation import Conversation
-from ..chat.plan import common_prefix, plan_completion
+from ..chat.plan import THINK_BUDGET, common_prefix, plan_completion
 from ..chat.scheduler import EngineLoop, Ticket
 from ..chat.turn import KVState, Turn
 from ..decode.options import TurnOptions, check_threshold
@@ -99,6 +99,7 @@ class Lanes:
         s = req.sampling
         conv = Conversation(self.model, messages=req.history, no_think=req.no_think,
                             sampling=s.params(lane), template=self.template,
+                            think_budget=req.think_budget or THINK_BUDGET,
                             stop=s.stop, max_tokens=s.max_tokens or self.limits.max_tokens)
         options: TurnOptions = {"tool_choice": req.tool_choice}
         if s.stop:

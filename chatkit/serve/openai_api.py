@@ -136,6 +136,8 @@ class Sampling:
     """vLLM's multiplicative penalty (chatkit's ``repeat_penalty``)."""
     logprobs: int | None = None
     """Return each token's log-probability with this many alternatives (None: off)."""
+    top_k: int = 0
+    """Sample among the k likeliest tokens (0 or -1: all; vLLM's and Anthropic's field)."""
 
     def seed_for(self, lane: int) -> int | None:
         """Lanes of ``n`` > 1 get one seed each (seed + lane)."""
@@ -148,7 +150,7 @@ class Sampling:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               seed=self.seed_for(lane), presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty,
-                              repeat_penalty=self.repetition_penalty)
+                              repeat_penalty=self.repetition_penalty, top_k=self.top_k)
 
 
 @dataclass
@@ -167,6 +169,8 @@ class ChatRequest:
     tool_call_threshold: float | None = None
     """chatkit's extension: how sure the model must be of a call for ``auto`` to call
     (``tool_choice`` auto only; 1.0: answer in text)."""
+    think_budget: int | None = None
+    """Tokens a think block may take (None: the library's default)."""
 
 
 @dataclass
@@ -261,6 +265,10 @@ def _sampling(body: Mapping[str, Any], limits: ServerLimits, *, chat: bool = Tru
     if not 0 < top_p <= 1:
         raise bad(f"top_p must be in (0, 1], got {top_p}", "top_p")
     s.temperature, s.top_p = float(temperature), float(top_p)
+    top_k = _get(body, "top_k", int, 0)
+    if top_k < -1:
+        raise bad(f"top_k must be >= -1 (-1 or 0: off), got {top_k}", "top_k")
+    s.top_k = max(top_k, 0)
     s.seed = _get(body, "seed", int)
     for key in ("presence_penalty", "frequency_penalty"):
         value = _get(body, key, (int, float), 0)
@@ -407,11 +415,15 @@ def parse_chat(body: Any, limits: ServerLimits) -> ChatRequest:
     schema = _response_format(body.get("response_format"))
     parallel = _get(body, "parallel_tool_calls", bool, True)
     threshold = _get(body, "tool_call_threshold", (int, float))
+    budget = _get(body, "think_budget", int)
+    if budget is not None and budget < 1:
+        raise bad(f"think_budget must be >= 1, got {budget}", "think_budget")
     request = ChatRequest(model=_get(body, "model", str), history=head + rest, text=text,
                           schema=schema, tools=tools, tool_choice=choice,
                           parallel_tool_calls=parallel, no_think=_no_think(body),
                           sampling=_sampling(body, limits),
-                          tool_call_threshold=None if threshold is None else float(threshold))
+                          tool_call_threshold=None if threshold is None else float(threshold),
+                          think_budget=budget)
     return request
 
 

@@ -16,25 +16,23 @@ token. A client that disconnects cancels its turns at the next step.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..chat.scheduler import engine_loop
 from ..engine.protocols import StepEngine
 from ..templates import ChatTemplate
+from .anthropic_routes import AnthropicRoutes
+from .http import guarded, read_body
 from .lanes import Lane, Lanes
 from .openai_api import (
-    MAX_BODY_DEPTH,
     ChatRequest,
     RequestError,
     ServerLimits,
     assistant_message,
-    bad,
     chat_logprobs,
-    check_body,
     completion_logprobs,
     finish_reason,
     new_id,
@@ -63,13 +61,12 @@ _log = logging.getLogger("chatkit.server")
 
 
 class ChatkitServer:
-    """The ASGI application around one engine (``app``)."""
+    """The ASGI application around one engine (``app``); ``template`` for every chat request
+    (default: the model's), ``tool_format`` its dialect (default: detected)."""
 
     def __init__(self, model: StepEngine, *, name: str, api_key: str | None = None,
                  limits: ServerLimits | None = None, max_queue: int | None = None,
                  template: ChatTemplate | None = None, tool_format: str | None = None) -> None:
-        """``template``: the chat template for every chat request (default: the model's);
-        ``tool_format``: the tool-call dialect (default: detected from the template)."""
         self.model = model
         self.name = name
         self.api_key = api_key
@@ -79,20 +76,21 @@ class ChatkitServer:
         self.lanes = Lanes(model, self.loop, self.limits, template=template,
                            tool_format=tool_format)
         self.created = now()
+        self.anthropic = AnthropicRoutes(model, name, self.lanes, self.limits, self.created)
         self.app = self._build()
 
-    # ------------------------------------------------------------------ app
     def _build(self) -> Starlette:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
+        key, get, post = self.api_key, ["GET"], ["POST"]
         return Starlette(routes=[
-            Route("/health", self.health, methods=["GET"]),
-            Route("/v1/models", guarded(self.models, self.api_key), methods=["GET"]),
-            Route("/v1/chat/completions", guarded(self.chat, self.api_key), methods=["POST"]),
-            Route("/v1/completions", guarded(self.completions, self.api_key), methods=["POST"]),
-            Route("/v1/responses", guarded(self.responses, self.api_key), methods=["POST"]),
-        ])
+            Route("/health", self.health, methods=get),
+            Route("/v1/models", guarded(self.models, key), methods=get),
+            Route("/v1/chat/completions", guarded(self.chat, key), methods=post),
+            Route("/v1/completions", guarded(self.completions, key), methods=post),
+            Route("/v1/responses", guarded(self.responses, key), methods=post),
+            *self.anthropic.routes(key)])
 
     async def health(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
@@ -105,9 +103,11 @@ class ChatkitServer:
     async def models(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.name, "object": "model", "created": self.created,
-             "owned_by": "chatkit", "max_model_len": self.model.n_ctx_seq}]})
+        if "anthropic-version" in request.headers:  # Anthropic's list shape
+            return JSONResponse(self.anthropic.models_body())
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.name, "object": "model", "created": self.created, "owned_by": "chatkit",
+            "max_model_len": self.model.n_ctx_seq}]})
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.name:
@@ -310,57 +310,6 @@ class ChatkitServer:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
-
-
-def guarded(handler: Callable[[Request], Any], api_key: str | None
-            ) -> Callable[[Request], Any]:
-    """``handler`` behind the API key check (when ``api_key`` is set), its errors answered
-    in OpenAI's error shape."""
-    from starlette.responses import JSONResponse
-
-    async def guard(request: Request) -> Response:
-        try:
-            if api_key is not None:
-                given = request.headers.get("authorization", "")
-                token = given[7:] if given.lower().startswith("bearer ") else ""
-                if not hmac.compare_digest(token.encode(), api_key.encode()):
-                    raise RequestError(401, "invalid or missing API key",
-                                       type="authentication_error", code="invalid_api_key")
-            response: Response = await handler(request)
-            return response
-        except Exception as exc:
-            err = translate_error(exc)
-            if err.status >= 500:
-                _log.error("%s %s: %s", request.method, request.url.path, err.message,
-                           exc_info=not isinstance(exc, RequestError))
-            return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-    return guard
-
-
-
-async def read_body(request: Request, limit: int) -> Any:
-    """The request's JSON body: at most ``limit`` bytes (413), JSON nesting within
-    ``MAX_BODY_DEPTH`` (400)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the body exceeds {limit} bytes", code="body_too_large")
-    data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > limit:
-            raise RequestError(413, f"the body exceeds {limit} bytes",
-                               code="body_too_large")
-    try:
-        body = json.loads(data)
-    except RecursionError:
-        raise bad(f"the body nests deeper than {MAX_BODY_DEPTH} levels",
-                  code="body_too_deep") from None
-    except ValueError as exc:
-        raise bad(f"the body is not JSON: {exc}") from exc
-    check_body(body)
-    return body
-
 
 
 def _lane_finish(lane: Lane) -> str:
