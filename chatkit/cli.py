@@ -305,7 +305,7 @@ def _placement_flags(parser: argparse.ArgumentParser) -> None:
 def _serve_template(args: argparse.Namespace) -> ChatTemplate | None:
     """``--chat-template`` read and compiled, ``--tool-format`` checked: before the model
     loads, so a typo costs no load."""
-    from .templates import ChatTemplate
+    from .templates import BUNDLED, ChatTemplate
     from .tools.dialects import DIALECTS
 
     if args.tool_format is not None and args.tool_format not in DIALECTS:
@@ -313,6 +313,8 @@ def _serve_template(args: argparse.Namespace) -> ChatTemplate | None:
                          f"{', '.join(DIALECTS)}")
     if args.chat_template is None:
         return None
+    if args.chat_template in BUNDLED:
+        return ChatTemplate.bundled(args.chat_template)
     path = Path(args.chat_template)
     try:
         source = path.read_text(encoding="utf-8")
@@ -445,9 +447,9 @@ def _add_serve(sub: Any) -> None:
                      help="largest max_tokens a request may ask for")
     srv.add_argument("--threads", type=_positive_int, default=None,
                      help="llama.cpp threads (default: every core)")
-    srv.add_argument("--chat-template", metavar="FILE",
-                     help="a Jinja chat template for every chat request (default: the "
-                          "model's own)")
+    srv.add_argument("--chat-template", metavar="FILE|NAME",
+                     help="a Jinja chat template file, or a bundled one (chatml, hermes, "
+                          "qwen3, gemma), for every chat request (default: the model's own)")
     srv.add_argument("--tool-format", metavar="DIALECT",
                      help="the tool-call dialect (default: detected from the template)")
     _placement_flags(srv)

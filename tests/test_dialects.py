@@ -255,6 +255,8 @@ def test_tool_format_overrides_and_unknown_is_refused(smol: Model) -> None:
     assert tool_setup(smol, t, "qwen3-xml") == (t, DIALECTS["qwen3-xml"])
     with pytest.raises(InvalidParameter, match="tool_format"):
         tool_setup(smol, t, "yaml")
+    with pytest.raises(ToolFormatUnsupported, match="renders no tools"):
+        tool_setup(smol, family_template("smollm2-instruct"), "hermes")
 
 
 # ------------------------------------------------------------ per family, real model

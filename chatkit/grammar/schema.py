@@ -122,7 +122,9 @@ def close_objects(doc: dict[str, Any]) -> None:
     (each branch closed would reject the other branches' keys), objects whose ``required``
     names a key ``properties`` does not declare, and objects with ``patternProperties``
     or ``unevaluatedProperties``. Counts written as integral floats (``"maxItems": 2.0``, an
-    integer in JSON Schema) become integers, as llguidance wants them."""
+    integer in JSON Schema) become integers, as llguidance wants them, and a
+    ``propertyNames`` every key passes (``{}``, ``{"type": "string"}``: Claude Code's tools
+    send it) is dropped."""
     in_all_of: set[int] = set()
 
     def mark(branch: Any) -> None:  # a branch and every local $ref it reaches
@@ -138,6 +140,8 @@ def close_objects(doc: dict[str, Any]) -> None:
         for keyword in _COUNTS:  # 2.0 is an integer in JSON Schema; llguidance wants 2
             if isinstance(node.get(keyword), float) and node[keyword].is_integer():
                 node[keyword] = int(node[keyword])
+        if _every_key(node.get("propertyNames", False)):
+            del node["propertyNames"]  # a JSON key is a string: nothing to enforce
         if id(node) in in_all_of:
             continue
         branches = node.get("allOf")
@@ -153,6 +157,14 @@ def close_objects(doc: dict[str, Any]) -> None:
                 or any(name not in props for name in required)):
             continue
         node.setdefault("additionalProperties", False)
+
+
+def _every_key(names: Any) -> bool:
+    """Whether a ``propertyNames`` schema admits every string."""
+    if names is True:
+        return True
+    return isinstance(names, dict) and names.get("type", "string") == "string" and not (
+        set(names) - {"type", "title", "description", "$comment"})
 
 
 def json_options(whitespace: Whitespace = "compact") -> dict[str, Any]:

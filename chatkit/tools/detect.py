@@ -123,6 +123,10 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
         if tool_format not in DIALECTS:
             raise InvalidParameter("tool_format", f"{tool_format!r} is not one of "
                                    f"{', '.join(DIALECTS)}")
+        if not template.mentions_tools:
+            raise ToolFormatUnsupported(template.name, f"tool_format={tool_format!r}, but the "
+                                        "template renders no tools, so the model would never "
+                                        "see them; pass a template that does")
         return template, DIALECTS[tool_format]
     found = _detect(template.source)
     if isinstance(found, Dialect):
