@@ -177,3 +177,33 @@ def test_auth_and_errors_in_anthropic_shape(server: _Running, client: Any) -> No
 def test_models_in_anthropic_shape(client: Any) -> None:
     page = client.models.list()
     assert page.data[0].type == "model" and page.data[0].id == "smollm2"
+
+
+def test_pings_while_the_stream_has_nothing_and_leaving_closes_it() -> None:
+    import asyncio
+
+    from chatkit.serve.anthropic_routes import with_pings
+
+    closed = []
+
+    async def slow() -> Any:
+        try:
+            await asyncio.sleep(0.35)
+            yield 1
+            yield 2
+            await asyncio.sleep(10)
+            yield 3
+        finally:
+            closed.append(True)
+
+    async def run() -> list[Any]:
+        out: list[Any] = []
+        async for item in with_pings(slow(), 0.1):
+            out.append(item)
+            if item == 2:
+                break  # a client that leaves
+        return out
+
+    out = asyncio.run(run())
+    assert out[-2:] == [1, 2] and len(out) >= 4 and set(out[:-2]) == {None}
+    assert closed == [True]

@@ -4,10 +4,12 @@ translation itself is :mod:`.anthropic_api`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..engine.concurrency import run_blocking
 from ..engine.protocols import StepEngine
@@ -31,6 +33,40 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 _log = logging.getLogger("chatkit.server")
+
+PING_SECONDS = 10.0
+"""A ``ping`` event after this long without one (Claude Code resends a request whose stream
+stays silent through a long prefill)."""
+T = TypeVar("T")
+
+
+async def with_pings(source: AsyncIterator[T], every: float) -> AsyncIterator[T | None]:
+    """``source``'s items, and None whenever ``every`` seconds pass without one; leaving
+    closes ``source`` (which cancels its turns)."""
+    it = aiter(source)
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(it))
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield None
+                continue
+            finished, pending = pending, None
+            try:
+                item = finished.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        closer = getattr(it, "aclose", None)
+        if closer is not None:
+            await closer()
 
 
 class AnthropicRoutes:
@@ -105,8 +141,11 @@ class AnthropicRoutes:
         try:
             for event in stream.start(len(lane.ticket.turn.prompt)):
                 yield event
-            yield stream.ping()
-            async for _, delta in self.lanes.events(lanes):
+            async for item in with_pings(self.lanes.events(lanes), PING_SECONDS):
+                if item is None:  # a long prefill: the client sees the line is alive
+                    yield stream.ping()
+                    continue
+                delta = item[1]
                 if delta is None:
                     continue
                 if lane.deltas is None:

@@ -103,7 +103,7 @@ class ChatkitServer:
     async def models(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
-        if "anthropic-version" in request.headers:  # Anthropic's list shape
+        if {"anthropic-version", "x-api-key"} & set(request.headers):  # Anthropic's shape
             return JSONResponse(self.anthropic.models_body())
         return JSONResponse({"object": "list", "data": [{
             "id": self.name, "object": "model", "created": self.created, "owned_by": "chatkit",
