@@ -13,11 +13,11 @@ status::
     │   ├── SchemaInvalid (10, 400)        not JSON / not a JSON Schema
     │   ├── SchemaUnsupported (11, 400)    a valid schema keyword chatkit cannot enforce
     │   │                                  (keyword, path)
-    │   ├── GrammarInvalid (12, 400)       a regex or Lark grammar that fails to compile
-    │   │                                  (diagnostic)
+    │   ├── GrammarInvalid (12, 400)       a regex or Lark grammar that fails to compile,
+    │   │                                  or outgrows llguidance's limits (diagnostic)
     │   ├── TemplateError (13, 400)        a chat template that fails or is unsafe to render
-    │   │   └── ToolFormatUnsupported (16, 400)  tools= with a template whose call format
-    │   │                                        is not Hermes
+    │   │   └── ToolFormatUnsupported (16, 400)  tools= with a template whose calls
+    │   │                                        match no dialect (what it rendered)
     │   ├── ContextOverflow (17, 400)      prompt + max_tokens exceed n_ctx (numbers), before
     │   │                                  any decode
     │   ├── RemoteUnsupported (18, 400)    a remote engine's kind cannot enforce this

@@ -169,3 +169,34 @@ def test_no_generated_messages_body_gets_a_5xx(base: str, body: Any) -> None:
         assert r.status_code < 500, (path, body, r.text)
         if r.status_code >= 400:
             assert r.json()["type"] == "error", r.text  # Anthropic's envelope
+
+
+# Grammars past llguidance's limits (a lexer that blows up after the first token, a parser
+# item explosion): the request's fault whenever it shows, never a 5xx.
+REGEX_BOMB = "(a|aa)*" * 50 + "b{1000}{1000}"
+GRAMMAR_BOMB = 'start: "a"{1000000}'
+BOMBS = [
+    ("/v1/completions", {"prompt": "Hi", "structured_outputs": {"regex": REGEX_BOMB}}),
+    ("/v1/completions", {"prompt": "Hi", "structured_outputs": {"grammar": GRAMMAR_BOMB}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                              "response_format": {"type": "json_schema", "json_schema": {
+                                  "name": "x", "schema": {"type": "string",
+                                                          "pattern": REGEX_BOMB}}}}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), BOMBS)
+def test_grammar_bombs_are_the_requests_fault(base: str, path: str, body: dict[str, Any]) -> None:
+    for seed in range(8):
+        for stream in (False, True):
+            full = {"model": NAME, "max_tokens": 8, "temperature": 1.0, "seed": seed,
+                    "stream": stream, **body}
+            r = post(base, path, json.dumps(full))
+            assert r.status_code in (200, 400), (seed, stream, r.text[:300])
+            if r.status_code == 400:
+                assert r.json()["error"]["type"] == "invalid_request_error"
+            elif stream:  # failed after the 200: an error event, then the end
+                events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+                assert events[-1] == "[DONE]"
+                last = json.loads(events[-2])
+                assert "error" not in last or last["error"]["type"] == "invalid_request_error"

@@ -81,6 +81,8 @@ class GrammarSteps:
     _spare_core: bool
     _guard: Guard | None
     rolls_back: bool
+    kind: ConstraintKind
+    source: Any
 
     def _live(self) -> Any:
         """The matcher, after any in-flight mask computation has finished with it."""
@@ -101,6 +103,15 @@ class GrammarSteps:
         assert self.model is not None
         return prepare_bitmask(words, self.model.n_vocab)
 
+    def _failure(self, message: str) -> Exception:
+        """A matcher error mid-reply: past llguidance's limits (lexer, parser items), the
+        grammar's fault, named as at its first token (``GrammarInvalid`` / the schema's
+        refusal); anything else ``ConstraintError``."""
+        if any(needle in message.split("\n", 1)[0] for needle in _LIMIT_ERRORS):
+            return _matcher_refusal(self.kind, self.source,
+                                    f"past llguidance's limits during the reply: {message}")
+        return ConstraintError(message)
+
     def _schedule(self) -> None:
         """A new grammar state (bind, commit, reset): forget per-state results."""
         self._forced = None
@@ -114,7 +125,7 @@ class GrammarSteps:
         m = self._live()
         prepared = self._next.take(self._compute)
         if prepared is None or m.is_error():
-            raise ConstraintError(m.get_error() or "grammar matcher error")
+            raise self._failure(m.get_error() or "grammar matcher error")
         apply_prepared(logits, prepared)
         if self._guard is not None:  # may roll back: raises Rollback
             self._guard.filter(logits, self.rollback if self.rolls_back else None)
@@ -148,7 +159,7 @@ class GrammarSteps:
         guard = self._guard
         choice = guard is None or chosen(m, guard.vocab.token_bytes(token))
         if not m.consume_token(token):
-            raise ConstraintError(m.get_error() or f"token {token} refused by the grammar")
+            raise self._failure(m.get_error() or f"token {token} refused by the grammar")
         if guard is not None:
             guard.commit(token, choice=choice)
         self._schedule()
@@ -180,7 +191,7 @@ class GrammarSteps:
         m = self._live()
         ff = list(m.compute_ff_tokens())
         if m.is_error():
-            raise ConstraintError(m.get_error())
+            raise self._failure(m.get_error())
         return ff
 
     def valid_prefix_len(self, draft: Sequence[int]) -> int:
@@ -454,6 +465,10 @@ def _lark_grammar(grammar: str) -> str:
     import llguidance
 
     return _checked(llguidance.LLMatcher.grammar_from_lark(grammar), "lark")
+
+
+_LIMIT_ERRORS = ("Too many items", "too many expressions", "TooComplex", "fuel")
+"""llguidance's words for a grammar that outgrew its limits (parser items, lexer states)."""
 
 
 def _matcher_refusal(kind: ConstraintKind, source: Any, message: str) -> Exception:

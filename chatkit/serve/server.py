@@ -256,14 +256,13 @@ class ChatkitServer:
 
         req = parse_completion(await read_body(request, self.limits.max_body_bytes), self.limits)
         self._check_model(req.model)
+        param = "structured_outputs" if req.grammar else "response_format"
         try:
             lanes = await self.lanes.start(lambda i: self.lanes.plan_completion(req, i),
                                            req.sampling.n)
         except Exception as exc:
-            raise translate_error(exc, schema_param="structured_outputs" if req.grammar
-                                  else "response_format") from exc
+            raise translate_error(exc, schema_param=param) from exc
         rid, created = new_id("cmpl"), now()
-
         sent = [0] * len(lanes)  # token ids already sent per lane (streaming)
 
         def choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
@@ -291,7 +290,10 @@ class ChatkitServer:
             return out
 
         if not req.sampling.stream:
-            await self.lanes.collect(request, lanes)
+            try:
+                await self.lanes.collect(request, lanes)
+            except Exception as exc:  # a grammar past its limits mid-reply: still its field
+                raise translate_error(exc, schema_param=param) from exc
             return JSONResponse(body([
                 choice(i, lane.reply.text if lane.reply else lane.text, _lane_finish(lane))
                 for i, lane in enumerate(lanes)], True))
@@ -299,14 +301,12 @@ class ChatkitServer:
         async def sse() -> AsyncIterator[str]:
             try:
                 async for i, delta in self.lanes.events(lanes):
-                    if delta is not None:
-                        yield _sse(body([choice(i, delta, None)], False))
-                    else:
-                        yield _sse(body([choice(i, "", _lane_finish(lanes[i]))], False))
+                    finish = None if delta is not None else _lane_finish(lanes[i])
+                    yield _sse(body([choice(i, delta or "", finish)], False))
                 if req.sampling.include_usage:
                     yield _sse({**body([], True)})
             except Exception as exc:
-                yield _sse(translate_error(exc).body())
+                yield _sse(translate_error(exc, schema_param=param).body())
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
