@@ -200,3 +200,14 @@ def test_grammar_bombs_are_the_requests_fault(base: str, path: str, body: dict[s
                 assert events[-1] == "[DONE]"
                 last = json.loads(events[-2])
                 assert "error" not in last or last["error"]["type"] == "invalid_request_error"
+
+
+def test_json_object_numbers_are_bounded(base: str) -> None:
+    from tests.test_untyped import ASK, numbers
+
+    body = {"model": NAME, "temperature": 0, "max_tokens": 160,
+            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": ASK}]}
+    r = post(base, "/v1/chat/completions", json.dumps(body))
+    text = r.json()["choices"][0]["message"]["content"]
+    assert all(abs(n) < 10**15 for n in numbers(json.loads(text))), text

@@ -198,7 +198,7 @@ def json_grammar(schema: dict[str, Any] | bool, whitespace: Whitespace = "compac
         schema = closed_objects(schema)
     survey = survey_of(schema) if isinstance(schema, dict) else Survey(False, False, False)
     doc = schema
-    if isinstance(schema, dict) and digits is not None and survey.numbers:
+    if isinstance(schema, dict) and digits is not None and (survey.numbers or survey.anys):
         doc = bounded(schema, digits, survey, share=True)
     try:
         import llguidance

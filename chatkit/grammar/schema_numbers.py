@@ -25,6 +25,14 @@ Digits = tuple[int, int] | None
 
 # The shared bounded definitions bound_numbers(root=True) adds to ``$defs``, per kind.
 _SHARED_NUMBERS = {"number": "__chatkit_number", "integer": "__chatkit_integer"}
+_ANY = "__chatkit_any"
+ANY_STRING_MAX = 1024
+"""Characters a string may hold where the schema leaves the value untyped (``{}``, an open
+object's extra values, ``items`` unset, ``json_object``): with unbounded numbers, the one
+place a small model could write until ``max_tokens``. Grammar only, as the digit bound."""
+# Where a subschema is a value (an untyped one there admits any JSON value).
+_VALUE_PLACES = frozenset({"properties", "items", "additionalProperties", "prefixItems",
+                           "anyOf", "$defs", "definitions", "patternProperties"})
 # Every JSON Schema keyword (drafts 4 to 2020-12) but the pure annotations, and llguidance's
 # own: a number subschema with none of these but ``type`` may use the shared definition
 # (llguidance ignores other keys).
@@ -50,7 +58,9 @@ def bound_numbers(schema: Any, digits: Digits = NUMBER_DIGITS, *, root: bool = F
     if digits is None or not isinstance(schema, dict):
         return schema
     found = survey_of(schema)
-    return bounded(schema, digits, found, share=root) if found.numbers else schema
+    if found.numbers or (root and found.anys):
+        return bounded(schema, digits, found, share=root)
+    return schema
 
 
 class Survey(NamedTuple):
@@ -62,17 +72,43 @@ class Survey(NamedTuple):
     """Number or integer subschemas: the digit bound applies."""
     nested_ids: bool
     """A subschema sets its own base URI (``$id``, draft-04 ``id``)."""
+    anys: bool = False
+    """Values the schema leaves untyped: any JSON there, numbers and strings unbounded."""
 
 
 def survey_of(schema: dict[str, Any]) -> Survey:
     """What ``schema`` holds that compiling it must know (one walk)."""
-    refs = numbers = nested_ids = False
+    refs = numbers = nested_ids = anys = composed = False
     for path, node in walk(schema, ""):
         refs = refs or "$ref" in node or "$dynamicRef" in node
         numbers = numbers or bool(_number_kinds(node))
+        anys = anys or _untyped(path, node) is not None
+        composed = composed or bool({"allOf", "oneOf", "not"} & set(node))
         if path and ("$id" in node or isinstance(node.get("id"), str)):
             nested_ids = True
-    return Survey(refs, numbers, nested_ids)
+    # under allOf / oneOf / not (directly or through a $ref), a bounded "any" changes what
+    # the branches mean together, and llguidance's intersections balk at it: left as is
+    return Survey(refs, numbers, nested_ids, anys and not composed)
+
+
+def _untyped(path: str, node: dict[str, Any]) -> str | None:
+    """Where ``node`` leaves a value untyped: ``"self"`` (no keyword at all, in a value
+    place), ``"additionalProperties"`` (an open object) or ``"items"`` (an array without
+    items); None elsewhere, and under ``allOf``/``oneOf``/``not`` (meaning would change)."""
+    if any(f"/{k}" in path for k in ("allOf", "oneOf", "not", "if", "then", "else")):
+        return None
+    parts = path.split("/")
+    place = parts[-2] if len(parts) >= 3 and parts[-2] in _VALUE_PLACES else parts[-1]
+    if (path == "" or place in _VALUE_PLACES) and not any(k in _KEYWORDS for k in node):
+        return "self"
+    kind = node.get("type")
+    if kind == "object" and node.get("additionalProperties", True) in (True, {}) and not \
+            {"patternProperties", "unevaluatedProperties"} & set(node):
+        return "additionalProperties"
+    if kind == "array" and node.get("items", True) in (True, {}) and not \
+            {"unevaluatedItems", "additionalItems"} & set(node):
+        return "items"
+    return None
 
 
 def _number_kinds(node: dict[str, Any]) -> set[str]:
@@ -91,6 +127,15 @@ def bounded(schema: dict[str, Any], digits: tuple[int, int], survey: Survey, *,
     share = share and not survey.nested_ids and isinstance(defs, dict) and \
         defs.keys().isdisjoint(_SHARED_NUMBERS.values())
     shared: set[str] = set()
+    anys = share and survey.anys and _ANY not in defs
+    if anys:
+        ref = {"$ref": f"#/$defs/{_ANY}"}
+        for path, node in list(walk(copy, "")):
+            where = _untyped(path, node)
+            if where == "self":
+                node.update(ref)
+            elif where is not None:
+                node[where] = dict(ref)
     for path, node in list(walk(copy, "")):
         kinds = _number_kinds(node)
         if not kinds or "enum" in node or "const" in node:
@@ -99,10 +144,21 @@ def bounded(schema: dict[str, Any], digits: tuple[int, int], survey: Survey, *,
             shared.add(_use_shared_number(node, kinds))
         else:
             _bound_in_place(node, kinds, digits)
-    if shared:
+    if shared or anys:
         copy["$defs"] = {**defs, **{_SHARED_NUMBERS[kind]: _number_bound(kind, digits)
                                     for kind in sorted(shared)}}
+    if anys:
+        copy["$defs"][_ANY] = _any_value(digits)
     return copy
+
+
+def _any_value(digits: tuple[int, int]) -> dict[str, Any]:
+    """Any JSON value, its numbers and strings bounded (the shared untyped definition)."""
+    ref = {"$ref": f"#/$defs/{_ANY}"}
+    return {"anyOf": [{"type": "null"}, {"type": "boolean"}, _number_bound("number", digits),
+                      {"type": "string", "maxLength": ANY_STRING_MAX},
+                      {"type": "array", "items": ref},
+                      {"type": "object", "additionalProperties": ref}]}
 
 
 def _plain_type(node: dict[str, Any]) -> bool:
