@@ -50,8 +50,8 @@ class TextEmitter:
         character); check ``cut`` afterwards."""
         delta = self._detok.feed(tok)
         self.text += delta
-        if (self._call_end and DEDUP_TOOL_CALLS and delta
-                and self.text.rstrip().endswith(self._call_end)):
+        if (self._call_end and DEDUP_TOOL_CALLS and delta  # a call's end just written
+                and self._call_end in self.text[-(len(delta) + len(self._call_end)):]):
             self._drop_repeated_call()
         if not self.stops:
             return delta
@@ -75,7 +75,7 @@ class TextEmitter:
         grammar accepts there: calls then the stop token) and ``dropped_calls`` counts it."""
         assert self.dialect is not None
         calls = scan_calls(self.text, self.dialect, self.tools)
-        if len(calls) < 2 or calls[-1].end < len(self.text.rstrip()):
+        if len(calls) < 2:  # (a multi-byte marker may complete with the next one's start)
             return
         last = calls[-1]
         if not any((c.name, c.arguments) == (last.name, last.arguments) for c in calls[:-1]):
