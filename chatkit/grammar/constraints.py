@@ -147,6 +147,10 @@ class GrammarSteps:
         if self._forced is None:
             ff = m.compute_ff_tokens() if m.compute_ff_bytes() else None
             self._forced = -1 if ff is None else (ff[0] if ff else -2)
+            if self._forced >= 0 and m.validate_tokens([self._forced]) != 1:
+                # the forced text's tokenization is not what the bytes need (SentencePiece
+                # reads U+2581 in DeepSeek's markers as a space): the mask decides
+                self._forced = -2
         if self._forced != -1:
             # Forced bytes: the mask admits their canonical tokenization, a subset of what
             # validate_tokens accepts. Say yes to its first token only; else the mask decides.
