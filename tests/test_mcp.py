@@ -265,8 +265,11 @@ def test_ctrl_c_leaves_no_server_behind(no_leftover_server: None) -> None:
               "server.tools()\n"
               "print('ready', flush=True)\n"
               "time.sleep(120)\n")
+    # SIGINT as a terminal delivers it, even when this suite runs in the background (a
+    # shell's `&` starts it with SIGINT ignored, which children inherit)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         assert server_processes()  # the server runs
