@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 
 from ..errors import SchemaUnsupported
 from .schema_check import load_jsonschema
+from .schema_rewrite import relax_cycle, relax_named_patterns, relax_patterns
 from .schema_walk import DATA_KEYWORDS, SCHEMA_LISTS, SCHEMA_MAPS, escape, local_ref, walk
 
 __all__: list[str] = []
@@ -64,6 +65,7 @@ RELAXED: dict[str, tuple[str, ...]] = {
     "patternProperties": ("patternProperties",),
     "$dynamicRef": ("$dynamicRef",),
     "$dynamicAnchor": ("$dynamicAnchor",),
+    "multipleOf": ("multipleOf",),
 }
 """The keywords llguidance refuses that a value check enforces instead, and what relaxing
 each removes from a subschema (``oneOf`` becomes ``anyOf``)."""
@@ -217,6 +219,8 @@ def relax(doc: dict[str, Any], keywords: list[str], relaxed: dict[str, tuple[str
                     node.setdefault("additionalProperties", True)  # keep it open
                 if name == "patternProperties":  # its keys would fall to additionalProperties
                     node["additionalProperties"] = True
+                if name == "$dynamicAnchor" and isinstance(node[name], str):
+                    node.setdefault("$anchor", node[name])  # a plain anchor too (2020-12)
                 del node[name]
                 removed.append(name)
         if removed:
@@ -268,7 +272,7 @@ def compile_relaxed(doc: dict[str, Any] | bool, build: Callable[[dict[str, Any] 
     refused as ``build`` refused it."""
     relaxed: dict[str, tuple[str, ...]] = {}
     annotations: set[str] = set()
-    current = doc
+    current = relax_patterns(doc, relaxed) if isinstance(doc, dict) else doc
     for _ in range(MAX_RELAXATIONS):
         try:
             built = build(current)
@@ -299,7 +303,7 @@ def relaxed_schema(doc: dict[str, Any] | bool, unknown_formats: UnknownFormats =
 
 
 _LISTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
-_FORMAT = re.compile(r"Unknown format: (\S+)")
+_FORMAT = re.compile(r"Unknown format: (\S*)")
 
 
 def _relaxed_for(doc: dict[str, Any], exc: SchemaUnsupported,
@@ -309,6 +313,12 @@ def _relaxed_for(doc: dict[str, Any], exc: SchemaUnsupported,
     relaxing changed nothing)."""
     before = json.dumps(doc, sort_keys=True)
     fmt = _FORMAT.search(exc.detail)
+    if exc.keyword in ("pattern", "$ref") and exc.keyword not in RELAXED:
+        named = (relax_named_patterns if exc.keyword == "pattern" else relax_cycle)(
+            doc, exc.detail, relaxed)
+        if named is None:
+            raise exc
+        return named
     if exc.keyword == "format" and fmt:
         out = relax_format(doc, fmt.group(1).strip('"'), relaxed, annotations, unknown,
                            exc.path)

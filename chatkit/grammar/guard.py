@@ -59,8 +59,10 @@ _WS = frozenset(b" \t\r\n")
 _DELIMS = frozenset(b",]} \t\r\n")
 _CLOSERS = b'",]}'
 STUCK_STEPS = 16
-"""Steps an open string may go on while each of its ends fails its checks (a ``format``
-the text so far cannot meet) before the guard rolls it back."""
+"""Tokens an open string (a value or a key) may grow after an end of it was refused by its
+checks (a ``format`` or a relaxed ``pattern`` the text so far cannot meet, the model
+writing on instead) before the guard rolls it back to its start, instead of letting it
+run to ``max_tokens``."""
 
 Path = tuple[str | int, ...]
 Done = tuple[Path, int, int, Path | None, int]
@@ -233,7 +235,8 @@ class Guard:
         self.bans: dict[int, set[int]] = {}
         self.rollbacks = 0
         self.floor = -1  # the failing value's start, for rollbacks after bans ran out
-        self.stuck = 0  # steps an open string's end has failed its checks in a row
+        self.refused_end = (-1, 0)  # an open string whose end was refused: its start,
+        # and the tokens committed then
         self.armed = self._armed()
 
     # ------------------------------------------------------------ following
@@ -280,6 +283,8 @@ class Guard:
         del self.choices[keep:]
         for pos in [p for p in self.bans if p > keep]:
             del self.bans[pos]
+        if self.refused_end[1] > keep:
+            self.refused_end = (-1, 0)
         self.armed = self._armed()
 
     def _armed(self) -> bool:
@@ -303,11 +308,30 @@ class Guard:
             return False
         if not self.armed or self.json_from < 0:
             return True
+        if self._runaway():
+            return False  # the mask's path rolls it back
         if token == self.stop_token:
             return self._passes(None) is None
         if not self.is_closer[token]:
             return True
-        return self._passes(token) is None
+        failing = self._passes(token)
+        self._refused(failing)
+        return failing is None
+
+    def _refused(self, start: int | None) -> None:
+        """A token that would end the value starting at ``start`` was refused: when that
+        is the open string, the runaway count starts (once per string)."""
+        sc = self.scan.scalar
+        if start is not None and sc is not None and sc[0] != WORD and sc[1] == start \
+                and self.refused_end[0] != start:
+            self.refused_end = (start, len(self.tokens))
+
+    def _runaway(self) -> bool:
+        """The open string has grown ``STUCK_STEPS`` tokens since an end of it was
+        refused."""
+        sc = self.scan.scalar
+        return (sc is not None and sc[0] != WORD and sc[1] == self.refused_end[0]
+                and len(self.tokens) - self.refused_end[1] > STUCK_STEPS)
 
     def filter(self, logits: NDArray[np.float32],
                roll_back: Callable[[int], None] | None) -> None:
@@ -343,14 +367,15 @@ class Guard:
                     logits[stop] = -np.inf
                     failed.append(start)
         sc = self.scan.scalar
-        if failed and sc is not None and sc[0] != WORD and sc[1] in failed:
-            self.stuck += 1  # a string whose every end fails: it may never end well
-        else:
-            self.stuck = 0
-        if not plan or (self.stuck <= STUCK_STEPS
+        for start in failed:
+            self._refused(start)
+        runaway = self._runaway()
+        if runaway and sc is not None:
+            failed.append(sc[1])  # a string that may never end well: from its start
+        if not plan or (not runaway
                         and (not (banned or failed) or logits.max() > -np.inf)):
             return 0
-        self.stuck = 0
+        self.refused_end = (-1, 0)
         return self._roll_back_point(failed)
 
     def _passes(self, token: int | None) -> int | None:

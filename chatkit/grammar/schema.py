@@ -34,6 +34,7 @@ from .schema_numbers import NUMBER_DIGITS as NUMBER_DIGITS
 from .schema_numbers import Digits as Digits
 from .schema_numbers import Survey, bounded, survey_of
 from .schema_numbers import bound_numbers as bound_numbers
+from .schema_rewrite import rewrite_exact
 from .schema_walk import MAX_DEPTH, find, keyword_path, local_ref, schema_depth, walk
 from .schema_walk import subschemas as subschemas
 
@@ -101,9 +102,13 @@ def load_schema(schema: SchemaInput | LoadedSchema) -> LoadedSchema:
 
 
 def closed_objects(doc: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``doc`` with its objects closed (see :func:`close_objects`)."""
+    """The copy of ``doc`` a grammar compiles: its objects closed (see :func:`close_objects`)
+    and what the grammar can say exactly said its way
+    (:func:`chatkit.grammar.schema_rewrite.rewrite_exact`: key languages, ``not`` of
+    strings, ECMA-262 patterns)."""
     copy: dict[str, Any] = json.loads(json.dumps(doc))
     close_objects(copy)
+    rewrite_exact(copy)
     return copy
 
 
@@ -119,7 +124,8 @@ def close_objects(doc: dict[str, Any]) -> None:
     still checks the schema as written, which admits the closed objects' documents.
 
     Left open, because closing would change what the schema means: objects under ``allOf``
-    (each branch closed would reject the other branches' keys), objects whose ``required``
+    or beside a ``$ref`` and what they reference (each part closed would reject the other
+    parts' keys; every part is found before any is closed), objects whose ``required``
     names a key ``properties`` does not declare, and objects with ``patternProperties``
     or ``unevaluatedProperties``. Counts written as integral floats (``"maxItems": 2.0``, an
     integer in JSON Schema) become integers, as llguidance wants them, and a
@@ -136,7 +142,15 @@ def close_objects(doc: dict[str, Any]) -> None:
             if target is not None:
                 mark(target)
 
-    for _, node in walk(doc, ""):
+    nodes = [node for _, node in walk(doc, "")]
+    for node in nodes:  # composition first, so no part is closed before it is seen as one
+        branches = node.get("allOf")
+        if isinstance(branches, list):
+            for branch in branches:
+                mark(branch)
+        if "$ref" in node and _COMPOSING.intersection(node):  # $ref + siblings: allOf
+            mark(node)
+    for node in nodes:
         for keyword in _COUNTS:  # 2.0 is an integer in JSON Schema; llguidance wants 2
             if isinstance(node.get(keyword), float) and node[keyword].is_integer():
                 node[keyword] = int(node[keyword])
@@ -144,10 +158,6 @@ def close_objects(doc: dict[str, Any]) -> None:
             del node["propertyNames"]  # a JSON key is a string: nothing to enforce
         if id(node) in in_all_of:
             continue
-        branches = node.get("allOf")
-        if isinstance(branches, list):
-            for branch in branches:
-                mark(branch)
         props = node.get("properties")
         if node.get("type") != "object" or not isinstance(props, dict):
             continue
@@ -157,6 +167,12 @@ def close_objects(doc: dict[str, Any]) -> None:
                 or any(name not in props for name in required)):
             continue
         node.setdefault("additionalProperties", False)
+
+
+_COMPOSING = frozenset({"properties", "required", "additionalProperties", "patternProperties",
+                        "allOf", "anyOf", "oneOf"})
+"""Keywords beside a ``$ref`` that make it a composition (2019-09+; llguidance reads every
+draft so): the object it names and the one beside it merge, as ``allOf`` branches do."""
 
 
 def _every_key(names: Any) -> bool:
@@ -199,7 +215,9 @@ def json_grammar(schema: dict[str, Any] | bool, whitespace: Whitespace = "compac
     survey = survey_of(schema) if isinstance(schema, dict) else Survey(False, False, False)
     doc = schema
     if isinstance(schema, dict) and digits is not None and (survey.numbers or survey.anys):
-        doc = bounded(schema, digits, survey, share=True)
+        # shared definitions' $refs inside an intersection (anyOf/allOf beside other
+        # keywords) outgrow llguidance's intersection stack: there, numbers bound in place
+        doc = bounded(schema, digits, survey, share=not survey.intersects)
     try:
         import llguidance
 
@@ -278,7 +296,7 @@ def _translate(schema: dict[str, Any] | bool, message: str) -> Exception:
         keys = [k.strip().strip('"') for k in m.group(1).split(",") if k.strip()]
         keyword = keys[0] if keys else "?"
         return SchemaUnsupported(keyword, keyword_path(schema, keyword) or "", message)
-    m = re.search(r"Unknown format: (\S+)", message)
+    m = re.search(r"Unknown format: (\S*)", message)
     if m:
         path = find(schema, lambda node: node.get("format") == m.group(1))
         return SchemaUnsupported("format", (path or "") + "/format", message)
@@ -303,4 +321,7 @@ _UNSUPPORTED_MESSAGES = (
     ("minProperties", "minProperties"),
     ("maxProperties", "maxProperties"),
     ("propertyNames", "propertyNames"),
+    ("Unable to determine if regex is empty", "pattern"),
+    ("circular references with sibling keys", "$ref"),
+    ("Value for 'multipleOf' has too many digits", "multipleOf"),
 )

@@ -74,21 +74,34 @@ class Survey(NamedTuple):
     """A subschema sets its own base URI (``$id``, draft-04 ``id``)."""
     anys: bool = False
     """Values the schema leaves untyped: any JSON there, numbers and strings unbounded."""
+    intersects: bool = False
+    """A subschema llguidance intersects: ``anyOf``/``allOf``/``oneOf`` or ``$ref`` beside
+    other keywords."""
+
+
+_ANNOTATIONS = frozenset({"title", "description", "$comment", "default", "examples",
+                          "deprecated", "readOnly", "writeOnly"})
+
+
+_COMBINED = frozenset({"anyOf", "allOf", "oneOf", "$ref"})
 
 
 def survey_of(schema: dict[str, Any]) -> Survey:
     """What ``schema`` holds that compiling it must know (one walk)."""
-    refs = numbers = nested_ids = anys = composed = False
+    refs = numbers = nested_ids = anys = composed = intersects = False
     for path, node in walk(schema, ""):
         refs = refs or "$ref" in node or "$dynamicRef" in node
         numbers = numbers or bool(_number_kinds(node))
         anys = anys or _untyped(path, node) is not None
-        composed = composed or bool({"allOf", "oneOf", "not"} & set(node))
+        composed = composed or bool({"allOf", "oneOf", "not"} & set(node)) or (
+            "$ref" in node and len(set(node) - _ANNOTATIONS) > 1)  # $ref + siblings: allOf
+        keys = set(node) - _ANNOTATIONS
+        intersects = intersects or (len(keys) > 1 and bool(keys & _COMBINED))
         if path and ("$id" in node or isinstance(node.get("id"), str)):
             nested_ids = True
     # under allOf / oneOf / not (directly or through a $ref), a bounded "any" changes what
     # the branches mean together, and llguidance's intersections balk at it: left as is
-    return Survey(refs, numbers, nested_ids, anys and not composed)
+    return Survey(refs, numbers, nested_ids, anys and not composed, intersects)
 
 
 def _untyped(path: str, node: dict[str, Any]) -> str | None:

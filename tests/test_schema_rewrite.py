@@ -1,0 +1,232 @@
+"""Valid schemas chatkit used to refuse, now enforced; keywords the grammar can say, said
+by the grammar (the first generated character obeys); strings whose every end a check
+refuses, rolled back instead of running to ``max_tokens``."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chatkit import Constraint, Conversation, Model
+from chatkit.grammar.schema import closed_objects
+from chatkit.grammar.schema_rewrite import ecma_pattern
+
+
+def accepts(c: Constraint, model: Model, value: Any) -> bool:
+    return c.accepts(model.tokenize(json.dumps(value, separators=(",", ":")), special=False))
+
+
+def allowed_after(c: Constraint, model: Model, prefix: str) -> list[bytes]:
+    """The bytes of every token the constraint allows after ``prefix``."""
+    c.reset()
+    for t in model.tokenize(prefix, special=False):
+        c.commit(t)
+    row = np.zeros(model.n_vocab, dtype=np.float32)
+    c.process(row, [])
+    return [model.token_bytes(int(t)) for t in np.flatnonzero(row > -np.inf)]
+
+
+# ----------------------------------------------------------- closing and composition
+PETS = {"definitions": {
+    "pets": {"type": "object", "properties": {"dog": {"type": "string"}},
+             "required": ["dog"]},
+    "morePets": {"allOf": [{"$ref": "#/definitions/pets"},
+                           {"type": "object", "properties": {"horse": {"type": "string"}},
+                            "required": ["horse"]}]}},
+    "type": "object",
+    "properties": {"pets": {"$ref": "#/definitions/pets"},
+                   "morePets": {"$ref": "#/definitions/morePets"}},
+    "required": ["pets", "morePets"]}
+"""An object extended through allOf + $ref, defined before the extension: closing the base
+on its own made the extension's required key unsatisfiable."""
+
+SIBLINGS = {"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}},
+                               "required": ["id"]}},
+            "$ref": "#/$defs/base", "properties": {"name": {"type": "string"}},
+            "required": ["id", "name"]}
+"""A $ref with sibling properties: composition, as allOf is."""
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), [
+    (PETS, {"pets": {"dog": "a"}, "morePets": {"dog": "b", "horse": "c"}},
+     {"pets": {"dog": "a"}, "morePets": {"dog": "b"}}),
+    (SIBLINGS, {"id": 1, "name": "x"}, {"id": 1}),
+], ids=["allOf-ref", "ref-siblings"])
+def test_composed_objects_are_not_closed_apart(smol: Model, schema: dict[str, Any],
+                                               valid: Any, invalid: Any) -> None:
+    c = Constraint.json_schema(schema, model=smol)
+    assert accepts(c, smol, valid)
+    assert not accepts(c, smol, invalid)
+
+
+def test_bounded_numbers_inside_an_intersection_compile() -> None:
+    # oneOf (read as anyOf for the grammar) beside type: shared number definitions made
+    # llguidance's intersection stack overflow
+    field = {"type": "object", "oneOf": [
+        {"properties": {"type": {"type": "string", "enum": ["callback"]},
+                        "value": {"type": "string"}, "options": {"type": "object"}}},
+        {"properties": {"type": {"type": "string", "enum": ["field", "value"]},
+                        "value": {"type": ["string", "null", "boolean", "number"]},
+                        "options": {"type": "object"}}}]}
+    schema = {"definitions": {"field": field}, "type": "object",
+              "properties": {k: {"$ref": "#/definitions/field"} for k in "wxyz"},
+              "required": ["w", "x"]}
+    Constraint.json_schema(schema)
+
+
+# ----------------------------------------------------------- ECMA-262 patterns
+def test_ecma_escapes_are_translated() -> None:
+    assert ecma_pattern(r"a\<b\>c") == "a<b>c"
+    assert ecma_pattern(r"x[^]y") == r"x[\s\S]y"
+    assert ecma_pattern(r"\\<") == r"\\<"  # an escaped backslash, then a plain <
+
+
+@pytest.mark.parametrize(("pattern", "good", "bad"), [
+    (r"^a\<b$", "a<b", "ab"),  # ECMA: a literal <, Rust: a word boundary
+    (r"^(?!x)[a-z]+(?<!q)$", "abc", "xab"),  # lookarounds
+    (r"^(a|b)\1$", "aa", "ab"),  # a backreference
+    (r"/^[0-9]{4}$/|^[0-9]+$", "12", "1a"),  # a mid-pattern $
+], ids=["word-boundary", "lookaround", "backreference", "mid-dollar"])
+def test_patterns_rust_reads_otherwise_are_enforced(smol: Model, pattern: str, good: str,
+                                                    bad: str) -> None:
+    c = Constraint.json_schema({"type": "string", "pattern": pattern}, model=smol)
+    assert accepts(c, smol, good)
+    assert not accepts(c, smol, bad)
+
+
+def test_a_pattern_property_key_with_a_lookahead_is_enforced(smol: Model) -> None:
+    schema = {"type": "object", "patternProperties": {"^(?!x)[a-z]+$": {"type": "integer"}},
+              "additionalProperties": False}
+    c = Constraint.json_schema(schema, model=smol)
+    assert accepts(c, smol, {"ab": 1})
+    assert not accepts(c, smol, {"xb": 1})
+    assert not accepts(c, smol, {"ab": "s"})
+
+
+def test_a_pattern_llguidance_cannot_decide_beside_a_length_is_checked(smol: Model) -> None:
+    schema = {"type": "string", "pattern": "^([a-z][0-9])+$", "minLength": 10000}
+    c = Constraint.json_schema(schema, model=smol)
+    assert c.checks is not None and "pattern" in c.checks.keywords
+    assert accepts(c, smol, "a1" * 5000)
+    assert not accepts(c, smol, "a1" * 4999 + "aa")
+
+
+def test_a_lookaround_pattern_is_enforced_in_generation(smol: Model) -> None:
+    pattern = r"^(?!x)[a-z]+(?<!q)$"
+    schema = {"type": "object", "properties": {"w": {"type": "string", "pattern": pattern}},
+              "required": ["w"]}
+    reply = Conversation(smol, max_tokens=120).send(
+        "Write the word xylophone in lowercase as the value of key w.", schema=schema)
+    assert re.search(pattern, json.loads(reply.text)["w"])
+
+
+# ----------------------------------------------------------- $ref cycles with siblings
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+    "kids": {"type": "array", "items": {"allOf": [{"$ref": "#/$defs/node"},
+                                                  {"required": ["name"]}]}},
+    "name": {"type": "string", "maxLength": 12}}}}, "$ref": "#/$defs/node"}
+CHAIN = {"$defs": {"node": {"type": "object", "properties": {
+    "next": {"$ref": "#/$defs/node", "required": ["v"]}, "v": {"type": "integer"}}}},
+    "$ref": "#/$defs/node"}
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), [
+    (TREE, {"kids": [{"name": "b"}], "name": "a"}, {"kids": [{}], "name": "a"}),
+    (CHAIN, {"next": {"v": 2}, "v": 1}, {"next": {}, "v": 1}),
+], ids=["allOf", "siblings"])
+def test_ref_cycles_with_siblings_are_enforced(smol: Model, schema: dict[str, Any],
+                                               valid: Any, invalid: Any) -> None:
+    c = Constraint.json_schema(schema, model=smol)
+    assert c.checks is not None  # the siblings are checked at the value's end
+    assert accepts(c, smol, valid)
+    assert not accepts(c, smol, invalid)
+
+
+def test_a_ref_cycle_with_siblings_generates_valid_documents(smol: Model) -> None:
+    import jsonschema
+
+    reply = Conversation(smol, max_tokens=200).send(
+        "Write a small JSON tree of named nodes with kids.", schema=TREE)
+    jsonschema.validate(json.loads(reply.text), TREE)
+
+
+# ----------------------------------------------------------- said by the grammar
+KEYS = {"type": "object", "propertyNames": {"pattern": "^a[a-z]{0,8}$"},
+        "additionalProperties": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("names", [
+    {"pattern": "^a[a-z]{0,8}$"}, {"enum": ["apple", "axe"]}, {"const": "ab"},
+    {"type": "string", "minLength": 1, "maxLength": 3}])
+def test_property_names_become_the_key_grammar(names: dict[str, Any]) -> None:
+    doc = closed_objects({"type": "object", "propertyNames": names})
+    assert "propertyNames" not in doc and doc["additionalProperties"] is False
+    assert Constraint.json_schema({"type": "object", "propertyNames": names}).checks is None
+
+
+def test_a_key_pattern_holds_from_the_first_character(smol: Model) -> None:
+    c = Constraint.json_schema(KEYS, model=smol)
+    assert c.checks is None
+    firsts = allowed_after(c, smol, '{"')
+    assert firsts and all(b.startswith(b"a") for b in firsts), firsts[:5]
+    reply = Conversation(smol, max_tokens=60).send(
+        'Reply with a JSON object whose keys are "b" and "c", values 1 and 2.', schema=KEYS)
+    keys = [k for k in re.findall(r'"([^"]*)":', reply.text)]
+    assert keys and all(re.search("^a[a-z]{0,8}$", k) for k in keys), reply.text
+
+
+def test_declared_properties_keep_their_own_schema() -> None:
+    schema = {"type": "object", "properties": {"ab": {"type": "string"}},
+              "propertyNames": {"pattern": "^a"}, "additionalProperties": {"type": "integer"}}
+    # a pattern's schema would apply to "ab" too: not rewritten, checked instead
+    assert "propertyNames" in closed_objects(schema)
+    assert Constraint.json_schema(schema).checks is not None
+
+
+@pytest.mark.parametrize(("banned", "words", "grammar"), [
+    ({"const": ""}, [""], True), ({"enum": ["yes", "no"]}, ["yes", "no"], True),
+    ({"enum": ["a]b", "-^["]}, ["a]b", "-^["], True),
+    ({"enum": ['a"b', "c\\"]}, ['a"b', "c\\"], False)])  # llguidance's [^"] admits '"'
+def test_not_of_strings_becomes_a_pattern(smol: Model, banned: dict[str, Any],
+                                          words: list[str], grammar: bool) -> None:
+    schema = {"type": "string", "not": banned}
+    c = Constraint.json_schema(schema, model=smol)
+    assert (c.checks is None) == grammar
+    for word in words:
+        assert not accepts(c, smol, word)
+        assert accepts(c, smol, word + "s")
+        if word:
+            assert accepts(c, smol, word[:-1])
+    assert accepts(c, smol, "maybe")
+
+
+def test_not_empty_holds_from_the_first_character(smol: Model) -> None:
+    c = Constraint.json_schema({"type": "string", "not": {"const": ""}}, model=smol)
+    assert all(not b.startswith(b'"') for b in allowed_after(c, smol, '"'))
+
+
+# ----------------------------------------------------------- runaway strings
+def test_a_string_whose_ends_are_refused_is_rolled_back_not_run_on(smol: Model) -> None:
+    # the grammar admits any string (the pattern is checked); greedy SmolLM2 writes on
+    # past its refused end: rolled back to the string's start instead of Truncated
+    schema = {"type": "string", "pattern": r"^(?!x)[a-z]+(?<!q)$"}
+    reply = Conversation(smol, max_tokens=200).send("Write the word xylophone.", schema=schema)
+    assert reply.usage.rollbacks > 0
+    assert re.search(schema["pattern"], json.loads(reply.text))
+
+
+@pytest.mark.parametrize(("pattern", "bad"), [('^[^"]+$', 'a"b'), (r"^[^\\]+$", "a\\b")])
+def test_a_negated_class_of_a_quote_or_backslash_is_checked(smol: Model, pattern: str,
+                                                           bad: str) -> None:
+    # llguidance's JSON string lexer lets an escaped quote or backslash through such a class
+    c = Constraint.json_schema({"type": "string", "pattern": pattern}, model=smol)
+    assert accepts(c, smol, "ab")
+    assert not accepts(c, smol, bad)
+
+
+def test_format_with_an_empty_name_is_an_annotation() -> None:
+    Constraint.json_schema({"type": "string", "format": ""})
