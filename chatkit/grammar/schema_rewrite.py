@@ -61,12 +61,9 @@ def pattern_compiles(pattern: str) -> bool:
     """Whether llguidance compiles ``pattern`` as a string's ``pattern``."""
     import llguidance
 
-    from .schema import json_options
-
-    try:
+    try:  # whitespace options do not matter to one string
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps({"type": "string", "pattern": pattern}),
-            overrides=json_options())  # type: ignore[arg-type]
+            json.dumps({"type": "string", "pattern": pattern}))
     except ValueError:
         return False
     failed, _ = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
