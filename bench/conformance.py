@@ -26,7 +26,7 @@ from typing import Any
 import llguidance
 import numpy as np
 
-from chatkit import ChatkitError, Constraint, Model
+from chatkit import ChatkitError, Constraint, Model, SchemaInvalid
 from chatkit.grammar import schema_check as schema_module
 from chatkit.grammar.schema import json_options
 
@@ -54,6 +54,8 @@ class Tally:
         self.false_accepts: list[str] = []
         self.false_rejects: list[str] = []
         self.refusals: dict[str, int] = defaultdict(int)
+        self.invalid: list[str] = []
+        """Each schema refused as invalid, with the reason (a valid one is a bug)."""
 
     def row(self, name: str) -> str:
         return (f"| {name} | {self.covered}/{self.groups} | {self.passes}/{self.instances} "
@@ -100,12 +102,15 @@ def compile_times(model: Model, schema: Any) -> tuple[float, float] | None:
 
 
 def replay(model: Model, schema: Any, tests: list[tuple[Any, bool, str]], tally: Tally,
-           times: dict[str, list[float]] | None = None) -> None:
+           times: dict[str, list[float]] | None = None, name: str = "") -> None:
     tally.groups += 1
     try:
         c = Constraint.json_schema(schema, model=model)
     except ChatkitError as exc:
         tally.refusals[type(exc).__name__ + ":" + str(getattr(exc, "keyword", ""))] += 1
+        if isinstance(exc, SchemaInvalid):
+            reason = " ".join(str(exc).split())
+            tally.invalid.append(f"{name}: {reason[:160]}")
         return
     if times is not None:
         pair = compile_times(model, schema)
@@ -138,11 +143,13 @@ def suite(model: Model, rejects: bool = False) -> list[str]:
         for group in json.loads(path.read_text()):
             tests = [(t["data"], t["valid"], f"{path.stem}: {group['description']} / "
                       f"{t['description']}") for t in group["tests"]]
-            replay(model, group["schema"], tests, tally)
+            replay(model, group["schema"], tests, tally,
+                   name=f"{path.stem}: {group['description']}")
         for attr in ("groups", "covered", "instances", "passes"):
             setattr(total, attr, getattr(total, attr) + getattr(tally, attr))
         total.false_accepts += tally.false_accepts
         total.false_rejects += tally.false_rejects
+        total.invalid += tally.invalid
         for reason, n in tally.refusals.items():
             total.refusals[f"{reason} ({path.stem})"] += n
         rows.append(tally.row(path.stem))
@@ -150,6 +157,8 @@ def suite(model: Model, rejects: bool = False) -> list[str]:
            "|---|---|---|---|---|", *rows, total.row("**all**")]
     refused = sorted(total.refusals.items(), key=lambda kv: (-kv[1], kv[0]))
     out += ["", "Refused: " + ", ".join(f"{k} x{v}" for k, v in refused)]
+    out += ["", "Refused as invalid (each must be invalid or admit nothing):"]
+    out += [f"- {x}" for x in total.invalid]
     if total.false_accepts:
         out += ["", "False accepts:"] + [f"- {x}" for x in total.false_accepts]
     if rejects:
@@ -201,7 +210,7 @@ def maskbench(model: Model, limit: int) -> list[str]:
         doc = json.loads(path.read_text())
         tests = [(t["data"], t["valid"], f"{path.stem} #{i}") for i, t in enumerate(doc["tests"])]
         before = tally.covered
-        replay(model, doc["schema"], tests, tally, times)
+        replay(model, doc["schema"], tests, tally, times, name=path.stem)
         if tally.covered > before and len(ours) < 20000:
             valid = [t for t in doc["tests"] if t["valid"]]
             if valid:
@@ -231,7 +240,9 @@ def maskbench(model: Model, limit: int) -> list[str]:
            f"(x{statistics.median(ours) / statistics.median(theirs):.2f} at p50); "
            f"Constraint.process, mask and apply to a logits row, "
            f"{p(applied, 50):.0f}/{p(applied, 99):.0f} us.",
-           "Most frequent refusals: " + ", ".join(f"{k} x{v}" for k, v in refused)]
+           "Most frequent refusals: " + ", ".join(f"{k} x{v}" for k, v in refused),
+           "", "Refused as invalid (each must be invalid or admit nothing):",
+           *[f"- {x}" for x in tally.invalid]]
     if tally.false_accepts:
         out += ["", "False accepts:"] + [f"- {x}" for x in tally.false_accepts[:30]]
     return out

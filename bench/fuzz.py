@@ -6,7 +6,14 @@ ChatTemplate, and `chatkit run` argument lists (with a missing model, so every a
 constraint ends in ModelLoadError). Each case must end as "ok" or a named ChatkitError
 within 10 s; anything else is an escape and is printed.
 
-    python3 dev.py bench fuzz [--examples 2000]
+Then over HTTP (a real server on loopback, SmolLM2): the grammar bombs of
+tests/test_server_inputs.py (a regex whose lexer blows up after the first token, a Lark
+grammar past the parser's item limit, the regex as a schema's pattern) on
+``/v1/completions`` and ``/v1/chat/completions``, sampled with ``--seeds`` seeds, plain and
+streamed. Every response must be a 200 or a 400 (never >= 500), and a stream that fails
+after its 200 must end with an error event and ``[DONE]``.
+
+    python3 dev.py bench fuzz [--examples 2000] [--seeds 32]
 """
 
 from __future__ import annotations
@@ -86,9 +93,49 @@ def run(name: str, examples: int) -> tuple[Counter[str], list[str]]:
     return outcomes, escapes
 
 
+def bombs(seeds: int) -> list[str]:
+    """The grammar bombs over HTTP: one table row per bomb and mode."""
+    import json
+
+    import httpx
+
+    from chatkit import Model
+    from chatkit.serve.openai_api import ServerLimits
+    from chatkit.serve.server import ChatkitServer
+    from tests.test_server import _Running
+    from tests.test_server_inputs import BOMBS, NAME
+
+    model = Model.load(n_ctx=4096, n_seq_max=4)
+    limits = ServerLimits(max_body_bytes=200_000, max_tokens=512, max_n=4)
+    rows = ["| endpoint | bomb | mode | requests | 200 | 400 | >= 500 | streams ending in an "
+            "error event |", "|---|---|---|---|---|---|---|---|"]
+    with _Running(ChatkitServer(model, name=NAME, limits=limits)) as running:
+        for path, body in BOMBS:
+            kind = next(iter(body.get("structured_outputs", {"schema pattern": 0})))
+            for stream in (False, True):
+                codes: Counter[int] = Counter()
+                error_ends = 0
+                for seed in range(seeds):
+                    full = {"model": NAME, "max_tokens": 8, "temperature": 1.0, "seed": seed,
+                            "stream": stream, **body}
+                    r = httpx.post(running.base + path, json=full, timeout=120)
+                    codes[r.status_code] += 1
+                    if stream and r.status_code == 200:
+                        events = [ln[6:] for ln in r.text.splitlines()
+                                  if ln.startswith("data: ")]
+                        if events[-1] == "[DONE]" and "error" in json.loads(events[-2]):
+                            error_ends += 1
+                five = sum(n for code, n in codes.items() if code >= 500)
+                rows.append(f"| {path} | {kind} | {'stream' if stream else 'plain'} | {seeds} "
+                            f"| {codes[200]} | {codes[400]} | {five} | "
+                            f"{error_ends if stream else '-'} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--examples", type=int, default=2000)
+    ap.add_argument("--seeds", type=int, default=32, help="seeds per grammar bomb over HTTP")
     args = ap.parse_args()
     print(f"{date.today()}; {args.examples} generated cases per surface (hypothesis)")
     print("| surface | cases | ok | named errors | escapes |")
@@ -104,6 +151,8 @@ def main() -> None:
         all_escapes += [f"{name}: {e}" for e in escapes]
     for e in all_escapes[:20]:
         print("  " + e)
+    print()
+    print("\n".join(bombs(args.seeds)))
 
 
 if __name__ == "__main__":

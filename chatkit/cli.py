@@ -131,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.prompt == "-":
         prompt = sys.stdin.read()
     system = _read_arg(args.system, what="--system", error=UsageError) if args.system else None
+    _apply_grammar_limits(args)
     constraint = _constraint(args)
     _check_run_flags(args, constraint)
 
@@ -336,6 +337,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .serve.openai_api import ServerLimits
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    _apply_grammar_limits(args)
     template = _serve_template(args)
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
@@ -420,6 +422,7 @@ def _add_run(sub: Any) -> None:
     run.add_argument("--max-steps", type=_positive_int, default=None,
                      help="with --mcp: model turns before MaxStepsExceeded (default 8)")
     _placement_flags(run)
+    _grammar_limit_flag(run)
     run.add_argument("--debug", action="store_true", help="show tracebacks and MCP "
                      "servers' logs")
     run.set_defaults(func=_run)
@@ -453,8 +456,28 @@ def _add_serve(sub: Any) -> None:
     srv.add_argument("--tool-format", metavar="DIALECT",
                      help="the tool-call dialect (default: detected from the template)")
     _placement_flags(srv)
+    _grammar_limit_flag(srv)
     srv.add_argument("--debug", action="store_true", help="show tracebacks")
     srv.set_defaults(func=_serve)
+
+
+def _grammar_limit_flag(parser: Any) -> None:
+    parser.add_argument("--grammar-limit", action="append", default=[], metavar="NAME=N",
+                        help="an llguidance limit for every grammar (repeatable): "
+                             "lexer_fuel, step_lexer_fuel, step_items, lexer_states, "
+                             "grammar_size, row_items (default: llguidance's own)")
+
+
+def _apply_grammar_limits(args: argparse.Namespace) -> None:
+    """``--grammar-limit`` settings for the process; ``UsageError`` naming a bad one."""
+    if not args.grammar_limit:
+        return
+    from .grammar.limits import GrammarLimits, set_limits
+
+    try:
+        set_limits(GrammarLimits.parse(args.grammar_limit))
+    except ValueError as exc:
+        raise UsageError(f"--grammar-limit {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -151,6 +151,12 @@ def test_path_without_at_says_did_you_mean() -> None:
         (["--temperature", "-1"], USAGE_EXIT, "InvalidParameter"),
         (["--max-tokens", "0"], USAGE_EXIT, "UsageError"),
         (["--json-schema", "{}", "--stop", "x"], USAGE_EXIT, "UsageError"),
+        # an explicit llguidance limit the grammar outgrows (it runs with the defaults)
+        (["--regex", "[a-z]{1,20}@[a-z]{1,20}\\.com", "--grammar-limit", "lexer_states=20"],
+         12, "GrammarInvalid"),
+        (["--grammar-limit", "lexer_states"], USAGE_EXIT, "UsageError"),
+        (["--grammar-limit", "states=9"], USAGE_EXIT, "UsageError"),
+        (["--grammar-limit", "step_items=0"], USAGE_EXIT, "UsageError"),
     ],
 )
 def test_refusals_by_name_and_exit_code(args: list[str], code: int, name: str) -> None:
@@ -159,6 +165,12 @@ def test_refusals_by_name_and_exit_code(args: list[str], code: int, name: str) -
     line = one_line(proc, name)
     if name == "UsageError" and "--regex" in args:
         assert "--regex" in line and "--json-schema" in line
+
+
+def test_the_grammar_limit_flag_is_what_refuses() -> None:
+    proc = chatkit("run", "--prompt", "Write an email.", "--regex",
+                   "[a-z]{1,20}@[a-z]{1,20}\\.com", "--max-tokens", "20")
+    assert proc.returncode in (0, Truncated.exit_code), proc.stderr
 
 
 def test_truncated_is_an_error_never_exit_zero() -> None:

@@ -268,3 +268,26 @@ def test_spare_core_is_decided_once_per_model(smol: Model) -> None:
     decided = smol.cache(constraints._SPARE_CORE_KEY, lambda: pytest.fail("not cached"))
     assert decided == constraints._has_spare_core(smol)
     assert constraints._spare_core(SimpleNamespace()) is True  # no cache(), no n_threads
+
+
+def test_explicit_grammar_limits_refuse_by_name(smol: Model) -> None:
+    from chatkit import Conversation, GrammarInvalid, Truncated
+    from chatkit.grammar.limits import GrammarLimits, limits, set_limits
+
+    pattern = "[a-z]{1,20}@[a-z]{1,20}\\.com"
+    before = limits()
+    set_limits(GrammarLimits(lexer_states=20))
+    try:
+        with pytest.raises(GrammarInvalid, match="limits"):
+            Conversation(smol, max_tokens=20).send("Write an email.",
+                                                   constraint=Constraint.regex(pattern))
+    finally:
+        set_limits(before)
+    try:  # the defaults admit it (a model may not finish in 60 tokens: not a refusal)
+        Conversation(smol, max_tokens=60).send("Write an email.",
+                                               constraint=Constraint.regex(pattern))
+    except Truncated:
+        pass
+    with pytest.raises(ValueError, match="NAME=N"):
+        GrammarLimits.parse(["fuel=3"])
+    assert GrammarLimits.parse(["step-items=7"]).step_items == 7

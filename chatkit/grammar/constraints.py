@@ -30,6 +30,7 @@ from ..engine.protocols import Vocabulary
 from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from .checks import Checks, UnknownFormats, compile_relaxed
 from .guard import Guard, chosen
+from .limits import native_limits
 from .masks import Prepared, apply_prepared, bit_set, mask_words, prepare_bitmask
 from .schema import (
     NUMBER_DIGITS,
@@ -471,7 +472,8 @@ def _lark_grammar(grammar: str) -> str:
     return _checked(llguidance.LLMatcher.grammar_from_lark(grammar), "lark")
 
 
-_LIMIT_ERRORS = ("Too many items", "too many expressions", "TooComplex", "fuel")
+_LIMIT_ERRORS = ("Too many items", "too many expressions", "too many states", "TooComplex",
+                 "fuel")
 """llguidance's words for a grammar that outgrew its limits (parser items, lexer states)."""
 
 
@@ -505,7 +507,7 @@ def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> Any:
     import llguidance
 
     tok = model.llg_tokenizer(stop, sliced=wants_slices(grammar))
-    return llguidance.LLMatcher(tok, grammar, log_level=0)
+    return llguidance.LLMatcher(tok, grammar, log_level=0, limits=native_limits())
 
 
 class _NextMask:
@@ -544,7 +546,8 @@ class _NextMask:
 def _checked(grammar: str, kind: ConstraintKind) -> str:
     import llguidance
 
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        grammar, limits=native_limits())
     problem = "; ".join(messages) if failed else grammar_problem(grammar)
     if problem:
         raise _refusal(kind, problem)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (co
     from pydantic import BaseModel
 
 from ..errors import SchemaInvalid, SchemaUnsupported
+from .limits import native_limits
 from .reader import SchemaReader as SchemaReader
 from .schema_check import check_meta
 from .schema_numbers import NUMBER_DIGITS as NUMBER_DIGITS
@@ -246,7 +247,8 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
     if validate:
         import llguidance
 
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled.grammar)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            compiled.grammar, limits=native_limits())
         problem = "; ".join(messages) if failed else None
     if problem is None and compiled.may_be_empty:
         problem = grammar_problem(compiled.grammar)
@@ -268,7 +270,8 @@ def grammar_problem(grammar: str) -> str | None:
     (``$ref`` cycles, lexer limits such as ``a{1000000}``) before any model loads."""
     import llguidance
 
-    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0,
+                                   limits=native_limits())
     if not matcher.is_error():
         matcher.compute_bitmask()  # the first mask: an empty language errors here
     if not matcher.is_error():

@@ -160,9 +160,19 @@ def check_meta(doc: dict[str, Any] | bool, key: str) -> None:
         except RecursionError:
             raise SchemaUnsupported("nesting", "", "too deeply nested to check") from None
         if error is not None:
+            if error.validator == "format" and isinstance(error.instance, str) \
+                    and _UNICODE_PROPERTY.search(error.instance):
+                # valid ECMA-262 (unicode mode), which Python's re cannot compile: the
+                # second reader could not check it
+                raise SchemaUnsupported("pattern", pointer(error.absolute_path),
+                                        f"{error.instance!r}: Unicode property escapes "
+                                        "(\\p{...}) are not supported")
             raise SchemaInvalid(f"not a valid JSON Schema: {error.message}",
                                 path=pointer(error.absolute_path))
     _remember_checked(key)
+
+
+_UNICODE_PROPERTY = re.compile(r"\\[pP]\{")
 
 
 def _remember_checked(key: str) -> None:

@@ -58,16 +58,21 @@ def ecma_pattern(pattern: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def pattern_compiles(pattern: str) -> bool:
-    """Whether llguidance compiles ``pattern`` as a string's ``pattern``."""
+    """Whether the Rust engine reads ``pattern`` (llguidance's regex syntax errors:
+    lookarounds, backreferences, a mid-pattern ``$``). A pattern past llguidance's limits
+    counts as read: the grammar refuses it by name, never a Python ``re`` check."""
     import llguidance
 
     try:  # whitespace options do not matter to one string
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps({"type": "string", "pattern": pattern}))
-    except ValueError:
-        return False
-    failed, _ = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    return not failed
+    except ValueError as exc:
+        return not any(m in str(exc) for m in _UNREADABLE)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return not (failed and any(m in msg for msg in messages for m in _UNREADABLE))
+
+
+_UNREADABLE = ("regex parse error", "lookarounds not supported")
 
 
 def _usable(pattern: Any) -> str | None:
