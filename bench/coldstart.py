@@ -54,6 +54,10 @@ sys.path.insert(0, str(ROOT))
 QUESTION = "Is it sunny?"
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
           "additionalProperties": False}
+LENGTH = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                           "why": {"type": "string", "maxLength": 10}},
+          "required": ["ok", "why"], "additionalProperties": False}
+"""A string with ``maxLength``: llguidance's sliced tokenizer serves its masks."""
 N_CTX = 512
 
 CHATKIT = rf"""
@@ -63,13 +67,14 @@ sys.path.insert(0, sys.argv[1])
 from chatkit import Conversation, Model
 model = Model.load(sys.argv[2] or None, n_ctx={N_CTX}, n_seq_max=1)
 t1 = time.perf_counter()
-stream = Conversation(model).stream({QUESTION!r}, schema={SCHEMA!r}, max_tokens=16)
+schema = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {SCHEMA!r}
+stream = Conversation(model).stream({QUESTION!r}, schema=schema, max_tokens=32)
 deltas = iter(stream)
 next(deltas)
 t2 = time.perf_counter()
 for _ in deltas:
     pass
-assert stream.reply is not None and isinstance(stream.reply.parsed["ok"], bool)
+assert stream.reply is not None and isinstance(stream.reply.parsed, dict)
 print(json.dumps({{"load": t1 - t0, "to_first": t2 - t0, "reply": time.perf_counter() - t0}}))
 """
 
@@ -134,10 +139,11 @@ def main() -> None:
     print(f"{date.today()}, {os.cpu_count()} cores, load average {load_average()}; new process "
           f"each; seconds to the first token incl. imports and model load, median of {args.reps}")
     head = ["model (prompt tokens)", "llama-cpp-python, same prompt", "llama-cpp-python, raw "
-            "prompt", "chatkit, empty cache", "chatkit, cached"]
+            "prompt", "chatkit, empty cache", "chatkit, cached", "chatkit, cached, maxLength"]
     if args.baseline:
         head.append(f"chatkit @ {args.baseline}, cached")
-    head += ["cached / same-prompt peer", "chatkit, cached: whole 16-token reply"]
+    head += ["cached / same-prompt peer", "maxLength / same-prompt peer",
+             "chatkit, cached: whole reply"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for path in (default_model_path(), gemma_path()):
@@ -152,7 +158,8 @@ def main() -> None:
             run(CHATKIT, args.baseline, str(path), warm)  # its own cache file, if it differs
         # column: (child code, chatkit tree, extra argument, cache: "warm" or "empty")
         columns = {"peer": (PEER, ROOT, ids, "warm"), "raw": (PEER, ROOT, "", "warm"),
-                   "empty": (CHATKIT, ROOT, "", "empty"), "cached": (CHATKIT, ROOT, "", "warm")}
+                   "empty": (CHATKIT, ROOT, "", "empty"), "cached": (CHATKIT, ROOT, "", "warm"),
+                   "length": (CHATKIT, ROOT, json.dumps(LENGTH), "warm")}
         if args.baseline:
             columns["baseline"] = (CHATKIT, args.baseline, "", "warm")
         times: dict[str, list[float]] = {k: [] for k in columns}
@@ -165,7 +172,8 @@ def main() -> None:
                 if cache == "empty":
                     env = {**base, "CHATKIT_CACHE_DIR": tempfile.mkdtemp(prefix="chatkit-cache-")}
                 try:
-                    out = run(code, root, str(path), env, *([extra] if code is PEER else []))
+                    out = run(code, root, str(path), env, *([extra] if extra or code is PEER
+                                                             else []))
                 finally:
                     if cache == "empty":
                         shutil.rmtree(env["CHATKIT_CACHE_DIR"], ignore_errors=True)
@@ -177,7 +185,8 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in times.items()}
         cells = [f"{path.name} ({len(json.loads(ids))})"]
         cells += [f"{med[k]:.2f}" for k in names]
-        cells += [f"{med['cached'] / med['peer']:.2f}x", f"{statistics.median(whole):.2f}"]
+        cells += [f"{med['cached'] / med['peer']:.2f}x", f"{med['length'] / med['peer']:.2f}x",
+                  f"{statistics.median(whole):.2f}"]
         print("| " + " | ".join(cells) + " |", flush=True)
     shutil.rmtree(pycache, ignore_errors=True)
     print(f"load average after: {load_average()}")

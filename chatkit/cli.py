@@ -472,10 +472,10 @@ def _apply_grammar_limits(args: argparse.Namespace) -> None:
     """``--grammar-limit`` settings for the process; ``UsageError`` naming a bad one."""
     if not args.grammar_limit:
         return
-    from .grammar.limits import GrammarLimits, set_limits
+    from .grammar.limits import GrammarLimits, set_grammar_limits
 
     try:
-        set_limits(GrammarLimits.parse(args.grammar_limit))
+        set_grammar_limits(GrammarLimits.parse(args.grammar_limit))
     except ValueError as exc:
         raise UsageError(f"--grammar-limit {exc}") from None
 

@@ -303,34 +303,48 @@ BOUNDED = {"type": "object", "properties": {"name": {"type": "string", "maxLengt
 
 def test_slices_only_for_grammars_with_bounded_strings(cache: Path) -> None:
     """The model's tokenizer has no slices (the fastest build, on the path to the first
-    token); a grammar with a maxLength string gets the sliced copy, made once, with the
-    same masks."""
+    token); a grammar with a maxLength string gets the sliced copy once it pays (after
+    ``SLICES_AFTER`` masks made without it), switching mid-reply with the same masks."""
     from chatkit import Constraint
+    from chatkit.grammar.slices import SLICES_AFTER
 
     _warm(None)
     model = Model.load(n_ctx=512, n_seq_max=1)
+    key = ("llg_tokenizer_sliced", model.eot_id)
     try:
         base = model.vocab._cache[("llg_tokenizer", model.eot_id)]
-        assert ("llg_tokenizer_sliced", model.eot_id) not in model.vocab._cache
+        assert key not in model.vocab._cache
         Constraint.json_schema(SCHEMA, model=model)
-        assert ("llg_tokenizer_sliced", model.eot_id) not in model.vocab._cache
-        Constraint.json_schema(BOUNDED, model=model)
-        sliced = model.vocab._cache[("llg_tokenizer_sliced", model.eot_id)]
-        assert sliced is not base and model.llg_tokenizer(model.eot_id, sliced=True) is sliced
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(BOUNDED)
+        bounded = Constraint.json_schema(BOUNDED, model=model)
+        assert key not in model.vocab._cache  # a cold lane's reply does not pay for it
         reply = '{"name": "' + "Ada Lovelace, née Byron; " * 2 + '", "age": 36}'
         ids = [*model.tokenize(reply, special=False), model.eot_id]
-        assert (_masks(base, grammar, ids, model.n_vocab)
-                == _masks(sliced, grammar, ids, model.n_vocab))
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(BOUNDED)
+        plain_masks = _masks(base, grammar, ids, model.n_vocab)
         out = Conversation(model).send("Name a scientist.", schema=BOUNDED, max_tokens=48,
                                        temperature=0.8, seed=3)
         assert isinstance(out.parsed, dict) and len(out.parsed["name"]) <= 60
+        # past the threshold, mid-reply: the switch replays the tokens so far
+        bounded.reset()
+        compact = '{"name":"' + "Ada Lovelace, née Byron; " * 2 + '","age":36}'
+        for i, token in enumerate(model.tokenize(compact, special=False)):
+            row = np.zeros(model.n_vocab, dtype=np.float32)
+            for _ in range(SLICES_AFTER if i == 3 else 1):
+                bounded.process(row, [])
+            bounded.commit(token)
+            if i == 3:
+                assert key in model.vocab._cache and not bounded._slice_pending
+        assert bounded.is_accepting()
+        sliced = model.vocab._cache[key]
+        assert sliced is not base and model.llg_tokenizer(model.eot_id, sliced=True) is sliced
+        assert _masks(sliced, grammar, ids, model.n_vocab) == plain_masks
+        assert not Constraint.json_schema(BOUNDED, model=model)._slice_pending
     finally:
         model.close()
 
 
 def test_wants_slices() -> None:
-    from chatkit.grammar.constraints import wants_slices
+    from chatkit.grammar.slices import wants_slices
 
     assert wants_slices(llguidance.LLMatcher.grammar_from_json_schema(BOUNDED))
     assert not wants_slices(llguidance.LLMatcher.grammar_from_json_schema(SCHEMA))

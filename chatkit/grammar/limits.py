@@ -7,7 +7,7 @@ error event after a stream's 200). Compile time is bounded by the same numbers: 
 fuel and the grammar size cap the work before the first mask, the step limits each mask.
 
 The defaults are llguidance 1.9's own. ``chatkit serve --grammar-limit NAME=N`` (repeatable)
-or :func:`set_limits` change them for the process.
+or :func:`set_grammar_limits` change them for the process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GrammarLimits", "limits", "set_limits"]
+__all__ = ["GrammarLimits", "grammar_limits", "set_grammar_limits"]
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,12 @@ _current = GrammarLimits()
 _native: Any = None
 
 
-def limits() -> GrammarLimits:
+def grammar_limits() -> GrammarLimits:
     """The limits every new matcher gets."""
     return _current
 
 
-def set_limits(new: GrammarLimits) -> None:
+def set_grammar_limits(new: GrammarLimits) -> None:
     """Use ``new`` for every matcher built from now on (constraints already built keep
     theirs)."""
     global _current, _native

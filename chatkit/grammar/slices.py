@@ -1,0 +1,85 @@
+"""When a grammar gets llguidance's sliced tokenizer: only once it pays.
+
+A grammar with a ``maxLength`` string (``wants_slices``) masks much faster inside such
+strings with the sliced tokenizer (``chatkit.engine.vocab.LLG_SLICES``), but building it
+costs ~0.35 s at Gemma's 262k tokens (~0.05 s at 49k), once per process: on a cold lane's
+only reply that is most of the gap to a peer. So a process starts without it: such
+grammars' masks are counted per vocabulary, and once ``SLICES_AFTER`` of them were made
+without slices (about what the build costs in slower masks, at 262k tokens), the sliced copy
+is built and every such constraint switches to it at its next commit (a new matcher replays
+the tokens so far: the same language, the same masks). A constraint bound after that gets
+it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ..engine.protocols import Vocabulary
+from .limits import native_limits
+
+__all__: list[str] = []
+
+_log = logging.getLogger("chatkit")
+
+SLICES_AFTER = 64
+"""Masks of slice-wanting grammars made without slices before the sliced tokenizer is
+built (per vocabulary)."""
+
+
+def wants_slices(grammar: str) -> bool:
+    """Whether a compiled grammar (llguidance's JSON or Lark text) has a string bounded by
+    ``maxLength``: the case the sliced tokenizer speeds up. A text test: a grammar that
+    only mentions the word (a property of that name) is counted too, which changes no
+    mask."""
+    return "maxLength" in grammar
+
+
+def _demand(model: Vocabulary) -> list[int]:
+    """The vocabulary's count of masks made without slices by grammars that want them
+    (a vocabulary without a cache: already past the threshold, as before)."""
+    cache = getattr(model, "cache", None)
+    if not callable(cache):
+        return [SLICES_AFTER]
+    return cache(("grammar", "slice_demand"), lambda: [0])  # type: ignore[no-any-return]
+
+
+def tokenizer(model: Vocabulary, grammar: str, stop: int) -> tuple[Any, bool]:
+    """llguidance's tokenizer for ``grammar`` over ``model``, and whether the grammar still
+    waits for slices (its masks are counted; :func:`due` says when to switch)."""
+    if not wants_slices(grammar):
+        return model.llg_tokenizer(stop), False
+    if _demand(model)[0] >= SLICES_AFTER:
+        return model.llg_tokenizer(stop, sliced=True), False
+    return model.llg_tokenizer(stop), True
+
+
+def count_mask(model: Vocabulary) -> None:
+    """One mask made without slices by a grammar that wants them."""
+    _demand(model)[0] += 1
+
+
+def due(model: Vocabulary) -> bool:
+    """Whether grammars waiting for slices should switch now."""
+    return _demand(model)[0] >= SLICES_AFTER
+
+
+def sliced_matcher(model: Vocabulary, grammar: str, stop: int,
+                   tokens: Sequence[int]) -> tuple[Any, Any] | None:
+    """A matcher of ``grammar`` over the sliced tokenizer (built now if need be) in its
+    initial state and after ``tokens``; None when the replay fails (the caller keeps its
+    matcher: nothing is lost but speed)."""
+    import llguidance
+
+    initial = llguidance.LLMatcher(model.llg_tokenizer(stop, sliced=True), grammar,
+                                   log_level=0, limits=native_limits())
+    matcher = initial.deep_copy()
+    for token in tokens:
+        if not matcher.consume_token(token):
+            break
+    if initial.is_error() or matcher.is_error():
+        _log.info("chatkit: the sliced tokenizer's matcher did not replay; kept the plain one")
+        return None
+    return initial, matcher
