@@ -85,10 +85,12 @@ class Server:
     def __init__(self, kind: str, path: Path, port: int) -> None:
         self.kind, self.port = kind, port
         self.base = f"http://127.0.0.1:{port}"
-        if kind == "chatkit":
+        if kind.startswith("chatkit"):
             cmd = [sys.executable, "-m", "chatkit", "serve", "--model", str(path),
                    "--port", str(port), "--n-ctx", "8192", "--n-seq-max", "8",
                    "--max-queue", "256", "--name", "m"]
+            if kind == "chatkit-reproducible":  # a KV stream per sequence: no prefix copies
+                cmd.append("--reproducible")
         else:
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path),
                    "--port", str(port), "--n_ctx", "2048", "--model_alias", "m",
@@ -116,7 +118,7 @@ class Server:
 def one_request(client: openai.OpenAI, kind: str, messages: list[dict[str, str]],
                 schema: dict[str, Any], max_tokens: int, count: Any) -> dict[str, Any]:
     fmt = ({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-           if kind == "chatkit" else {"type": "json_object", "schema": schema})
+           if kind.startswith("chatkit") else {"type": "json_object", "schema": schema})
     t0 = time.perf_counter()
     first = None
     text = ""
@@ -169,7 +171,7 @@ def load(server: Server, clients: int, requests: int, schemas: list[dict[str, An
         t.join()
     wall = time.perf_counter() - t0
     lat = sorted(r["seconds"] for r in results)
-    return {"tok_s": sum(r["tokens"] for r in results) / wall,
+    return {"tok_s": sum(r["tokens"] for r in results) / wall, "req_s": len(results) / wall,
             "p50": statistics.median(lat), "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "ttft": statistics.median(r["ttft"] for r in results),
             "valid": sum(r["valid"] for r in results), "n": len(results),
@@ -214,6 +216,9 @@ def main() -> None:
     ap.add_argument("--workload", choices=("mixed", "shared"), default="mixed",
                     help="mixed: the fixture schemas in turn; shared: one system prompt "
                          "and schema, varying user text (a verdict-lane service)")
+    ap.add_argument("--servers", default="chatkit,llama-cpp-python",
+                    help="comma-separated: chatkit, chatkit-reproducible (--reproducible: a KV "
+                         "stream per sequence), llama-cpp-python")
     args = ap.parse_args()
     import llama_cpp
 
@@ -233,7 +238,7 @@ def main() -> None:
     print(f"in-process send, one at a time: {alone['tok_s']:.1f} tok/s, p50 "
           f"{alone['p50'] * 1000:.0f} ms, valid {alone['valid']}/{alone['n']}", flush=True)
     table: dict[str, dict[int, dict[str, Any]]] = {}
-    for kind in ("chatkit", "llama-cpp-python"):
+    for kind in args.servers.split(","):
         server = Server(kind, path, free_port())
         try:
             load(server, 1, 2, schemas[:2], 16, count)  # warm-up (grammar caches, first decode)
@@ -242,12 +247,15 @@ def main() -> None:
                 r = load(server, c, max(8, args.per_client * c), schemas, args.max_tokens,
                          count, args.workload)
                 table[kind][c] = r
-                print(f"{kind:17s} clients {c:2d}: {r['tok_s']:6.1f} tok/s  p50 "
+                print(f"{kind:20s} clients {c:2d}: {r['req_s']:5.2f} req/s "
+                      f"{r['tok_s']:6.1f} tok/s  p50 "
                       f"{r['p50']:.2f} s  p99 {r['p99']:.2f} s  ttft {r['ttft'] * 1000:.0f} ms"
                       f"  valid {r['valid']}/{r['n']}  cached prompt tokens {r['cached']}",
                       flush=True)
         finally:
             server.close()
+    if not {"chatkit", "llama-cpp-python"} <= set(table):
+        return
     print()
     print("| clients | chatkit tok/s | llama-cpp-python tok/s | ratio | chatkit p50 / p99 s | "
           "llama-cpp-python p50 / p99 s | chatkit TTFT ms | llama-cpp-python TTFT ms | "

@@ -342,7 +342,9 @@ def _serve(args: argparse.Namespace) -> int:
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
-                       **_placement(args))
+                       kv_unified=not args.reproducible, **_placement(args))
+    if model.kv_unified:  # one pool, but each request keeps its sequence's share of it
+        model.n_ctx_seq = model.n_ctx // args.n_seq_max
     origin = (f"--n-ctx {args.n_ctx} shared by --n-seq-max {args.n_seq_max}"
               if args.n_ctx is not None else
               f"--ctx-per-seq {args.ctx_per_seq} for each of --n-seq-max {args.n_seq_max}")
@@ -455,6 +457,10 @@ def _add_serve(sub: Any) -> None:
                           "qwen3, gemma), for every chat request (default: the model's own)")
     srv.add_argument("--tool-format", metavar="DIALECT",
                      help="the tool-call dialect (default: detected from the template)")
+    srv.add_argument("--reproducible", action="store_true",
+                     help="a KV stream per sequence: each reply equals the same request "
+                          "served alone (default: one KV pool, prompt prefixes shared "
+                          "between requests)")
     _placement_flags(srv)
     _grammar_limit_flag(srv)
     srv.add_argument("--debug", action="store_true", help="show tracebacks")

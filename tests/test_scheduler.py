@@ -229,3 +229,44 @@ def test_cancelled_mid_prefill_keeps_kv_exact(smol: Model) -> None:
     fresh = Conversation(smol, sampling=SamplingParams(temperature=0.0),
                          messages=history).send(long_text, max_tokens=8)
     assert again == fresh.text
+
+
+SYSTEM = ("You are a careful judge of customer messages. Read the message, decide whether it "
+          "is a complaint, and answer in JSON with the field ok set to true for a complaint. "
+          "Never add other fields. Be brief and exact; think of refunds, delays and damage.")
+
+
+def test_concurrent_turns_with_one_system_prompt_prefill_it_once() -> None:
+    """One KV pool (``kv_unified=True``): a prompt prefix a running turn's sequence holds,
+    or will once its prefill gets there, is copied into the next turn's sequence instead of
+    evaluated; the copies are reported as cached prompt tokens."""
+    model = Model.load(n_ctx=4096, n_seq_max=4, kv_unified=True)
+    try:
+        loop = _fresh_stats(model)
+        schema = SCHEMAS[1]
+        replies: list[Any] = [None] * 4
+        errors: list[BaseException] = []
+
+        def worker(i: int) -> None:
+            try:
+                conv = Conversation(model, system=SYSTEM)
+                replies[i] = conv.send(f"Message {i}: my parcel came late.", schema=schema,
+                                       max_tokens=16)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        prefix = model.tokenize(SYSTEM, special=False)
+        cached = sorted(r.usage.cached_prompt_tokens for r in replies)
+        # every turn after the first copies the system prompt (at least) from another
+        assert cached[0] == 0 and all(c >= len(prefix) for c in cached[1:]), cached
+        assert loop.stats.shared_tokens == sum(cached)
+        assert all(isinstance(r.parsed["ok"], bool) for r in replies)
+        assert model.free_seqs() == model.n_seq_max
+    finally:
+        model.close()

@@ -12,7 +12,11 @@ turns are decoding at once), the regime where llama.cpp's CPU logits are bitwise
 equal to one-token-at-a-time evaluation; with a KV stream per sequence (the
 default, ``kv_unified=False``) each reply therefore equals the same reply sent
 alone, greedy and seeded. With ``kv_unified=True`` attention spans other
-sequences' cells and near-ties can flip (docs/DESIGN.md "Numerics").
+sequences' cells and near-ties can flip (docs/DESIGN.md "Numerics"); there, a new turn
+copies a prompt prefix a running turn's sequence holds (or will, once its prefill gets
+there) instead of evaluating it (``seq_cp``; ``LoopStats.shared_tokens``), so concurrent
+turns with one system prompt prefill it once. ``chatkit serve`` runs that way by default
+(``--reproducible`` for a stream per sequence).
 
 Waiting turns sit in a bounded FIFO queue (``max_queue``): a full queue is
 ``EngineBusy`` at submission, and a turn that finds no free sequence within the
@@ -44,6 +48,7 @@ from ..engine.compute import activate
 from ..engine.protocols import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
 from ..errors import ChatkitError, EngineBusy
 from ..messages import Reply
+from .plan import common_prefix
 from .turn import Turn
 
 __all__ = ["EngineLoop", "Ticket", "engine_loop"]
@@ -53,6 +58,8 @@ _log = logging.getLogger("chatkit")
 DEFAULT_MAX_QUEUE = 256
 STEP_ROWS = SAFE_PREFILL_CHUNK
 """Rows per forward pass the loop aims for: decode rows first, prefill in the rest."""
+SHARE_MIN = 8
+"""Fewest prompt tokens worth copying from another running turn's sequence."""
 
 Event = tuple[Literal["delta", "reply", "error", "closed"], Any]
 
@@ -68,9 +75,13 @@ class Ticket:
         self.turn = turn
         self.submitted = time.monotonic()
         self.reply: Reply[Any] | None = None
-        self.state: Literal["waiting", "prefill", "decode", "closed"] = "waiting"
+        self.state: Literal["waiting", "share", "prefill", "decode", "closed"] = "waiting"
         self.pos = 0
         """Prompt tokens in the KV sequence (prefill progress)."""
+        self.lead: Ticket | None = None
+        self.share = 0
+        """State ``share``: the prompt prefix this turn copies from ``lead``'s sequence once
+        ``lead`` has evaluated it."""
         self._events: deque[Event] = deque()
         self._cond = threading.Condition()
         self._waker: Callable[[], None] | None = None
@@ -224,6 +235,8 @@ class LoopStats:
     """Most turns running at once."""
     max_rows: int = 0
     """Most tokens in one forward pass."""
+    shared_tokens: int = 0
+    """Prompt tokens copied from another running turn's sequence instead of evaluated."""
 
 
 class EngineLoop:
@@ -333,6 +346,7 @@ class EngineLoop:
     def _admit(self) -> None:
         engine = self.engine
         now = time.monotonic()
+        self._resolve_shares()
         while True:
             with self._lock:
                 if not self._waiting:
@@ -357,10 +371,54 @@ class EngineLoop:
                 return
             t.pos = t.turn.reuse
             t.state = "prefill"
+            if engine.kv_unified:
+                self._find_share(t)
             with self._lock:
                 self._waiting.popleft()
                 self._live.append(t)
                 self.stats.max_live = max(self.stats.max_live, len(self._live))
+
+    # ------------------------------------------------- prompt prefixes shared
+    def _find_share(self, t: Ticket) -> None:
+        """A prompt prefix (``SHARE_MIN`` tokens past its own reuse at least) that a running
+        turn's sequence holds, or will once its prefill gets there, is copied into ``t``'s
+        sequence (``seq_cp``, one KV pool) instead of evaluated: concurrent requests with
+        one system prompt prefill it once."""
+        prompt = t.turn.prompt
+        best: Ticket | None = None
+        n = t.turn.reuse + SHARE_MIN - 1
+        for other in self._live:
+            if other.state in ("prefill", "decode"):
+                lcp = min(common_prefix(other.turn.prompt, prompt), len(prompt) - 1)
+                if lcp > n:
+                    best, n = other, lcp
+        if best is None:
+            return
+        if _held(best) >= n:
+            self._copy(t, best, n)
+        else:
+            t.state, t.lead, t.share = "share", best, n
+
+    def _resolve_shares(self) -> None:
+        """Turns waiting for a prefix: copied once their lead holds it; back to their own
+        prefill when the lead is gone."""
+        for t in self._live:
+            if t.state != "share":
+                continue
+            lead = t.lead
+            if lead is not None and lead in self._live and lead.state in ("prefill", "decode"):
+                if _held(lead) < t.share:
+                    continue
+                self._copy(t, lead, t.share)
+            t.state, t.lead = "prefill", None
+
+    def _copy(self, t: Ticket, source: Ticket, n: int) -> None:
+        start = t.turn.reuse
+        self.engine.seq_cp(source.turn.seq_id, t.turn.seq_id, start, n)
+        t.turn.adopt_prefix(n)
+        t.turn.prefilled(n)
+        t.pos = n
+        self.stats.shared_tokens += n - start
 
     def _drop_waiting(self, t: Ticket, exc: BaseException) -> None:
         with self._lock:
@@ -444,6 +502,13 @@ class EngineLoop:
                 t.post("delta", tail)
             t.post("reply", reply)
             self._close(t)
+
+
+def _held(t: Ticket) -> int:
+    """Prompt tokens ``t``'s sequence holds (after the steps so far)."""
+    if t.state == "decode":
+        return len(t.turn.prompt)
+    return t.pos if t.state == "prefill" else t.turn.reuse
 
 
 def engine_loop(engine: StepEngine) -> EngineLoop:
