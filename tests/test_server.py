@@ -539,6 +539,9 @@ def test_chatkit_serve_command(tmp_path: Any) -> None:
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until_serving(base + "/health", proc, why=log.read_text)
+        # one KV pool (prefix copies), each request still held to its sequence's share
+        health = httpx.get(base + "/health", timeout=10).json()
+        assert health["context_per_sequence"] == 1024 and health["sequences"] == 2
         with openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0) as c:
             r = c.chat.completions.create(model="m", max_tokens=40, temperature=0,
                                           response_format={"type": "json_object"},
