@@ -230,3 +230,51 @@ def test_a_negated_class_of_a_quote_or_backslash_is_checked(smol: Model, pattern
 
 def test_format_with_an_empty_name_is_an_annotation() -> None:
     Constraint.json_schema({"type": "string", "format": ""})
+
+
+# ----------------------------------------------------------- found in review
+def test_a_string_that_can_end_well_again_is_not_rolled_back(smol: Model) -> None:
+    c = Constraint.json_schema({"type": "string", "pattern": "^(?=.*X)"}, model=smol)
+    row = np.zeros(smol.n_vocab, dtype=np.float32)
+    for text in ('"', "abc"):
+        for t in smol.tokenize(text, special=False):
+            c.process(row.copy(), [])
+            c.commit(t)
+    c.process(row.copy(), [])  # every end of "abc fails: its count starts
+    for t in smol.tokenize("X" + " word" * 24, special=False):
+        c.commit(t)
+        c.process(row.copy(), [])  # "abcX..." may end: never rolled back
+    assert c.rollbacks == 0
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": 50, "not": {"const": "a"}},
+    {"type": "object", "patternProperties": {"\\<a": {"type": "integer"},
+                                            "<a": {"type": "string"}}},
+])
+def test_rewrites_that_would_change_meaning_are_left_to_checks(schema: dict[str, Any]
+                                                               ) -> None:
+    assert Constraint.json_schema(schema).checks is not None
+
+
+def test_two_pattern_keys_reading_alike_keep_both_schemas(smol: Model) -> None:
+    schema = {"type": "object", "patternProperties": {"\\<a": {"type": "integer"},
+                                                      "<a": {"type": "string"}}}
+    c = Constraint.json_schema(schema, model=smol)
+    assert not accepts(c, smol, {"<a": "xx"})
+
+
+def test_an_escaped_quote_in_a_negated_class_is_checked(smol: Model) -> None:
+    c = Constraint.json_schema({"type": "string", "pattern": '^[^\\"]*$'}, model=smol)
+    assert accepts(c, smol, "ab")
+    assert not accepts(c, smol, 'a"b')
+
+
+def test_a_cycle_relaxed_keeps_the_siblings_keys_writable(smol: Model) -> None:
+    node = {"type": "object", "properties": {
+        "name": {"type": "string"},
+        "child": {"$ref": "#/$defs/node", "properties": {"depth": {"type": "integer"}},
+                  "required": ["depth"]}}, "required": ["name"]}
+    c = Constraint.json_schema({"$defs": {"node": node}, "$ref": "#/$defs/node"}, model=smol)
+    assert accepts(c, smol, {"name": "a", "child": {"name": "b", "depth": 1}})
+    assert not accepts(c, smol, {"name": "a", "child": {"name": "b"}})

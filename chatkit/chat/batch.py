@@ -241,14 +241,16 @@ class _Lockstep:
             t = turns[i]
             lcp = min(common_prefix(lead.prompt, t.prompt),
                       len(lead.prompt) - 1, len(t.prompt) - 1)
-            if (model.kv_unified and lcp >= MIN_SHARED_PREFIX and lcp > t.reuse
+            if (getattr(model, "copies_prefixes", False) and lcp >= MIN_SHARED_PREFIX
+                    and lcp > t.reuse
                     and lcp > lead.reuse):
                 followers.append(i)
                 shared = lcp if not shared else min(shared, lcp)
         if followers:
             self._run_parts([(admitted[0], lead.reuse, shared, False)])
             for i in followers:
-                model.seq_cp(lead.seq_id, turns[i].seq_id, 0, shared)
+                # its own cells hold [0, reuse): the lead's [reuse, shared) join them
+                model.seq_cp(lead.seq_id, turns[i].seq_id, turns[i].reuse, shared)
                 turns[i].adopt_prefix(shared)
                 start[i] = shared
             start[admitted[0]] = shared

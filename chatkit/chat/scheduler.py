@@ -371,7 +371,7 @@ class EngineLoop:
                 return
             t.pos = t.turn.reuse
             t.state = "prefill"
-            if engine.kv_unified:
+            if getattr(engine, "copies_prefixes", False):
                 self._find_share(t)
             with self._lock:
                 self._waiting.popleft()

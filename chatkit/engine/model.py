@@ -368,6 +368,18 @@ class Model(HoldsVocabulary):
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
             raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
 
+    @property
+    def copies_prefixes(self) -> bool:
+        """Whether a prompt prefix can be copied between sequences and read back exactly:
+        one KV pool, full attention (a sliding window may have dropped a sequence's older
+        cells) and no recurrent state (which cannot be copied in part)."""
+        if not self.kv_unified:
+            return False
+        model = self._model
+        return not (llama_cpp.llama_model_n_swa(model) > 0
+                    or llama_cpp.llama_model_is_recurrent(model)
+                    or llama_cpp.llama_model_is_hybrid(model))
+
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
 

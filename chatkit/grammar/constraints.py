@@ -415,6 +415,10 @@ class Constraint(GrammarSteps):
         other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader,
                            stop_token=self.stop_token_override, checks=self.checks)
         if self.model is not None:
+            if self._slice_pending and slices.due(self.model):  # a template: upgrade it once
+                made = slices.sliced_matcher(self.model, self.grammar, self.stop_token, [])
+                if made is not None:
+                    self._initial, self._slice_pending = made[0], False
             other.model = self.model
             other.stop_token = self.stop_token
             other._initial = self._initial

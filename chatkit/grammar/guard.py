@@ -219,6 +219,9 @@ class Guard:
         """The grammar's captures so far (``Checks.after_think``: where the think block
         ends)."""
         self.closers, self.is_closer = closer_tokens(vocab)
+        quotes = [int(t) for t in self.closers if vocab.token_bytes(int(t)) == b'"']
+        self.quote = quotes[0] if quotes else -1
+        """The token of a lone ``"`` (-1: none), to ask whether an open string could end."""
         self.reset()
 
     def reset(self) -> None:
@@ -314,9 +317,7 @@ class Guard:
             return self._passes(None) is None
         if not self.is_closer[token]:
             return True
-        failing = self._passes(token)
-        self._refused(failing)
-        return failing is None
+        return self._passes(token) is None
 
     def _refused(self, start: int | None) -> None:
         """A token that would end the value starting at ``start`` was refused: when that
@@ -328,10 +329,11 @@ class Guard:
 
     def _runaway(self) -> bool:
         """The open string has grown ``STUCK_STEPS`` tokens since an end of it was
-        refused."""
+        refused, and ending it here would still fail its checks (pure)."""
         sc = self.scan.scalar
         return (sc is not None and sc[0] != WORD and sc[1] == self.refused_end[0]
-                and len(self.tokens) - self.refused_end[1] > STUCK_STEPS)
+                and len(self.tokens) - self.refused_end[1] > STUCK_STEPS
+                and (self.quote < 0 or self._passes(self.quote) is not None))
 
     def filter(self, logits: NDArray[np.float32],
                roll_back: Callable[[int], None] | None) -> None:
@@ -370,6 +372,9 @@ class Guard:
         for start in failed:
             self._refused(start)
         runaway = self._runaway()
+        if not runaway and sc is not None and sc[1] == self.refused_end[0] \
+                and len(self.tokens) - self.refused_end[1] > STUCK_STEPS:
+            self.refused_end = (sc[1], len(self.tokens))  # it could end well now: count anew
         if runaway and sc is not None:
             failed.append(sc[1])  # a string that may never end well: from its start
         if not plan or (not runaway

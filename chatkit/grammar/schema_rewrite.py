@@ -26,7 +26,7 @@ import json
 import re
 from typing import Any
 
-from .schema_walk import walk
+from .schema_walk import local_ref, walk
 
 __all__: list[str] = []
 
@@ -79,14 +79,38 @@ def _usable(pattern: Any) -> str | None:
     """``pattern`` as the grammar gets it (translated), or None when it cannot compile or
     llguidance would read it wrongly (a negated class that excludes a quote or a backslash: its
     JSON string lexer lets the escaped character through)."""
-    if not isinstance(pattern, str) or _NEGATED_QUOTE.search(pattern):
+    if not isinstance(pattern, str) or _negates_quote(pattern):
         return None
     translated = ecma_pattern(pattern)
     return translated if pattern_compiles(translated) else None
 
 
-_NEGATED_QUOTE = re.compile(r'\[\^(?:[^\]\\]|\\.)*(?:"|\\\\|\\x22|\\x5[cC]|\\u0022|\\u005[cC])')
-"""A negated character class holding ``"`` or a backslash."""
+def _negates_quote(pattern: str) -> bool:
+    """Whether a negated character class of ``pattern`` holds ``"`` or a backslash (plain,
+    escaped, or as a hex or unicode escape)."""
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            i += 2
+            continue
+        if pattern.startswith("[^", i):
+            j = i + 2
+            body: list[str] = []
+            while j < len(pattern) and (pattern[j] != "]" or j == i + 2):
+                step = 2 if pattern[j] == "\\" else 1
+                body.append(pattern[j:j + step])
+                j += step
+            if any(part in _QUOTE_FORMS or part.lower() in _QUOTE_FORMS for part in body) \
+                    or any(f in "".join(body).lower() for f in _QUOTE_CODES):
+                return True
+            i = j + 1
+            continue
+        i += 1
+    return False
+
+
+_QUOTE_FORMS = frozenset({'"', '\\"', "\\\\"})
+_QUOTE_CODES = ("\\x22", "\\x5c", "\\u0022", "\\u005c")
 
 
 # ------------------------------------------------------------------ relaxing
@@ -100,8 +124,9 @@ def relax_patterns(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]
         if isinstance(node.get("pattern"), str) and _usable(node["pattern"]) is None:
             places.append((pointer, "pattern"))
         keys = node.get("patternProperties")
-        if isinstance(keys, dict) and any(_usable(k) is None for k in keys):
-            places.append((pointer, "patternProperties"))
+        if isinstance(keys, dict) and (any(_usable(k) is None for k in keys)
+                                       or len({_usable(k) for k in keys}) < len(keys)):
+            places.append((pointer, "patternProperties"))  # unreadable, or two read alike
     if not places:
         return doc
     out: dict[str, Any] = copy.deepcopy(doc)
@@ -162,12 +187,16 @@ def _strip_refs(doc: dict[str, Any], ref: str | None,
     there are none."""
     out: dict[str, Any] = copy.deepcopy(doc)
     found = False
-    for pointer, node in walk(out, ""):
+    for pointer, node in list(walk(out, "")):
         siblings = set(node) - _KEEP
         if "$ref" in node and (ref is None or node["$ref"] == ref) and siblings:
             meaning = siblings - _NOTES
             for key in siblings:  # annotations too: llguidance counts them
                 del node[key]
+            target = local_ref(out, node["$ref"])
+            if meaning & _OBJECT_KEYS and isinstance(target, dict):
+                # the siblings' keys go through the target now: it must not be closed
+                target.setdefault("additionalProperties", True)
             found = True
             if meaning:
                 relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), "$ref"}))
@@ -199,6 +228,8 @@ def _strip_unions(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]
 
 
 _COMBINATORS = frozenset({"anyOf", "oneOf"})
+_OBJECT_KEYS = frozenset({"properties", "required", "patternProperties",
+                          "additionalProperties", "dependentRequired", "dependentSchemas"})
 _KEEP = frozenset({"$ref", "$defs", "definitions", "$schema", "$id", "id", "$anchor",
                    "$dynamicAnchor"})
 """What stays beside a ``$ref`` whose siblings are removed: definitions and identity."""
@@ -219,7 +250,9 @@ def rewrite_exact(doc: dict[str, Any]) -> None:
                 node["pattern"] = usable
         keys = node.get("patternProperties")
         if isinstance(keys, dict) and all(_usable(k) is not None for k in keys):
-            node["patternProperties"] = {_usable(k): v for k, v in keys.items()}
+            translated = {_usable(k): v for k, v in keys.items()}
+            if len(translated) == len(keys):  # two keys reading alike: left as written
+                node["patternProperties"] = translated
         _names_as_keys(node)
         _not_as_pattern(node)
 
@@ -279,8 +312,8 @@ def _not_as_pattern(node: dict[str, Any]) -> None:
     admits every string but those, where ``node`` has no pattern of its own: exact, as a
     pattern constrains strings only and ``not`` of strings admits every other value."""
     banned = node.get("not")
-    if not isinstance(banned, dict) or "pattern" in node:
-        return
+    if not isinstance(banned, dict) or {"pattern", "minLength", "maxLength"} & set(node):
+        return  # llguidance may not decide a pattern beside a length: the check stays
     rest = set(banned) - _NOTES - {"type"}
     if banned.get("type", "string") != "string":
         return
