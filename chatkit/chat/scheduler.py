@@ -346,7 +346,7 @@ class EngineLoop:
     def _admit(self) -> None:
         engine = self.engine
         now = time.monotonic()
-        self._resolve_shares()
+        _resolve_shares(self)
         while True:
             with self._lock:
                 if not self._waiting:
@@ -372,53 +372,11 @@ class EngineLoop:
             t.pos = t.turn.reuse
             t.state = "prefill"
             if getattr(engine, "copies_prefixes", False):
-                self._find_share(t)
+                _find_share(self, t)
             with self._lock:
                 self._waiting.popleft()
                 self._live.append(t)
                 self.stats.max_live = max(self.stats.max_live, len(self._live))
-
-    # ------------------------------------------------- prompt prefixes shared
-    def _find_share(self, t: Ticket) -> None:
-        """A prompt prefix (``SHARE_MIN`` tokens past its own reuse at least) that a running
-        turn's sequence holds, or will once its prefill gets there, is copied into ``t``'s
-        sequence (``seq_cp``, one KV pool) instead of evaluated: concurrent requests with
-        one system prompt prefill it once."""
-        prompt = t.turn.prompt
-        best: Ticket | None = None
-        n = t.turn.reuse + SHARE_MIN - 1
-        for other in self._live:
-            if other.state in ("prefill", "decode"):
-                lcp = min(common_prefix(other.turn.prompt, prompt), len(prompt) - 1)
-                if lcp > n:
-                    best, n = other, lcp
-        if best is None:
-            return
-        if _held(best) >= n:
-            self._copy(t, best, n)
-        else:
-            t.state, t.lead, t.share = "share", best, n
-
-    def _resolve_shares(self) -> None:
-        """Turns waiting for a prefix: copied once their lead holds it; back to their own
-        prefill when the lead is gone."""
-        for t in self._live:
-            if t.state != "share":
-                continue
-            lead = t.lead
-            if lead is not None and lead in self._live and lead.state in ("prefill", "decode"):
-                if _held(lead) < t.share:
-                    continue
-                self._copy(t, lead, t.share)
-            t.state, t.lead = "prefill", None
-
-    def _copy(self, t: Ticket, source: Ticket, n: int) -> None:
-        start = t.turn.reuse
-        self.engine.seq_cp(source.turn.seq_id, t.turn.seq_id, start, n)
-        t.turn.adopt_prefix(n)
-        t.turn.prefilled(n)
-        t.pos = n
-        self.stats.shared_tokens += n - start
 
     def _drop_waiting(self, t: Ticket, exc: BaseException) -> None:
         with self._lock:
@@ -502,6 +460,51 @@ class EngineLoop:
                 t.post("delta", tail)
             t.post("reply", reply)
             self._close(t)
+
+
+# ------------------------------------------------- prompt prefixes shared
+def _find_share(loop: EngineLoop, t: Ticket) -> None:
+    """A prompt prefix (``SHARE_MIN`` tokens past its own reuse at least) that a running
+    turn's sequence holds, or will once its prefill gets there, is copied into ``t``'s
+    sequence (``seq_cp``, one KV pool) instead of evaluated: concurrent requests with one
+    system prompt prefill it once."""
+    prompt = t.turn.prompt
+    best: Ticket | None = None
+    n = t.turn.reuse + SHARE_MIN - 1
+    for other in loop._live:
+        if other.state in ("prefill", "decode"):
+            lcp = min(common_prefix(other.turn.prompt, prompt), len(prompt) - 1)
+            if lcp > n:
+                best, n = other, lcp
+    if best is None:
+        return
+    if _held(best) >= n:
+        _copy(loop, t, best, n)
+    else:
+        t.state, t.lead, t.share = "share", best, n
+
+
+def _resolve_shares(loop: EngineLoop) -> None:
+    """Turns waiting for a prefix: copied once their lead holds it; back to their own
+    prefill when the lead is gone."""
+    for t in loop._live:
+        if t.state != "share":
+            continue
+        lead = t.lead
+        if lead is not None and lead in loop._live and lead.state in ("prefill", "decode"):
+            if _held(lead) < t.share:
+                continue
+            _copy(loop, t, lead, t.share)
+        t.state, t.lead = "prefill", None
+
+
+def _copy(loop: EngineLoop, t: Ticket, source: Ticket, n: int) -> None:
+    start = t.turn.reuse  # its own cells hold [0, start): the source's [start, n) join them
+    loop.engine.seq_cp(source.turn.seq_id, t.turn.seq_id, start, n)
+    t.turn.adopt_prefix(n)
+    t.turn.prefilled(n)
+    t.pos = n
+    loop.stats.shared_tokens += n - start
 
 
 def _held(t: Ticket) -> int:

@@ -444,23 +444,26 @@ class Guard:
                 target = t
                 break
         if target < 0 or self.rollbacks >= self.checks.budget:
-            raise self._exhausted()
+            raise _exhausted(self)
         self.rollbacks += 1
         return n - target
-
-    def _exhausted(self) -> ChecksExhausted:
-        path = _pointer_at(self.scan, self.floor)
-        where = [c for c in self.checks.checks if c.matches(path)] if path is not None else []
-        keywords = where[0].keywords if where else self.checks.keywords
-        return ChecksExhausted(self.text.decode("utf-8", "replace"), keywords,
-                               "" if path is None else "".join(f"/{escape(str(p))}"
-                                                               for p in path),
-                               self.rollbacks)
 
     def stable(self) -> int:
         """Committed tokens no rollback can take back: all of them once the document is
         complete, else none (a rollback may reach any value start)."""
         return len(self.tokens) if self.scan.done and self.scan.scalar is None else 0
+
+
+def _exhausted(guard: Guard) -> ChecksExhausted:
+    """The error of a guard whose rollbacks ran out (or found no value start to go back to)."""
+    path = _pointer_at(guard.scan, guard.floor)
+    checks = guard.checks
+    where = [c for c in checks.checks if c.matches(path)] if path is not None else []
+    keywords = where[0].keywords if where else checks.keywords
+    return ChecksExhausted(guard.text.decode("utf-8", "replace"), keywords,
+                           "" if path is None else "".join(f"/{escape(str(p))}"
+                                                           for p in path),
+                           guard.rollbacks)
 
 
 def chosen(matcher: Any, data: bytes) -> bool:
