@@ -346,7 +346,7 @@ class EngineLoop:
     def _admit(self) -> None:
         engine = self.engine
         now = time.monotonic()
-        _resolve_shares(self)
+        _resolve_shares(engine, self._live, self.stats)
         while True:
             with self._lock:
                 if not self._waiting:
@@ -372,7 +372,7 @@ class EngineLoop:
             t.pos = t.turn.reuse
             t.state = "prefill"
             if getattr(engine, "copies_prefixes", False):
-                _find_share(self, t)
+                _find_share(engine, self._live, self.stats, t)
             with self._lock:
                 self._waiting.popleft()
                 self._live.append(t)
@@ -463,7 +463,7 @@ class EngineLoop:
 
 
 # ------------------------------------------------- prompt prefixes shared
-def _find_share(loop: EngineLoop, t: Ticket) -> None:
+def _find_share(engine: StepEngine, live: list[Ticket], stats: LoopStats, t: Ticket) -> None:
     """A prompt prefix (``SHARE_MIN`` tokens past its own reuse at least) that a running
     turn's sequence holds, or will once its prefill gets there, is copied into ``t``'s
     sequence (``seq_cp``, one KV pool) instead of evaluated: concurrent requests with one
@@ -471,7 +471,7 @@ def _find_share(loop: EngineLoop, t: Ticket) -> None:
     prompt = t.turn.prompt
     best: Ticket | None = None
     n = t.turn.reuse + SHARE_MIN - 1
-    for other in loop._live:
+    for other in live:
         if other.state in ("prefill", "decode"):
             lcp = min(common_prefix(other.turn.prompt, prompt), len(prompt) - 1)
             if lcp > n:
@@ -479,32 +479,32 @@ def _find_share(loop: EngineLoop, t: Ticket) -> None:
     if best is None:
         return
     if _held(best) >= n:
-        _copy(loop, t, best, n)
+        _copy(engine, stats, t, best, n)
     else:
         t.state, t.lead, t.share = "share", best, n
 
 
-def _resolve_shares(loop: EngineLoop) -> None:
+def _resolve_shares(engine: StepEngine, live: list[Ticket], stats: LoopStats) -> None:
     """Turns waiting for a prefix: copied once their lead holds it; back to their own
     prefill when the lead is gone."""
-    for t in loop._live:
+    for t in live:
         if t.state != "share":
             continue
         lead = t.lead
-        if lead is not None and lead in loop._live and lead.state in ("prefill", "decode"):
+        if lead is not None and lead in live and lead.state in ("prefill", "decode"):
             if _held(lead) < t.share:
                 continue
-            _copy(loop, t, lead, t.share)
+            _copy(engine, stats, t, lead, t.share)
         t.state, t.lead = "prefill", None
 
 
-def _copy(loop: EngineLoop, t: Ticket, source: Ticket, n: int) -> None:
+def _copy(engine: StepEngine, stats: LoopStats, t: Ticket, source: Ticket, n: int) -> None:
     start = t.turn.reuse  # its own cells hold [0, start): the source's [start, n) join them
-    loop.engine.seq_cp(source.turn.seq_id, t.turn.seq_id, start, n)
+    engine.seq_cp(source.turn.seq_id, t.turn.seq_id, start, n)
     t.turn.adopt_prefix(n)
     t.turn.prefilled(n)
     t.pos = n
-    loop.stats.shared_tokens += n - start
+    stats.shared_tokens += n - start
 
 
 def _held(t: Ticket) -> int:
