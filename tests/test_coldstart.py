@@ -333,12 +333,12 @@ def test_slices_only_for_grammars_with_bounded_strings(cache: Path) -> None:
                 bounded.process(row, [])
             bounded.commit(token)
             if i == 3:
-                assert key in model.vocab._cache and not bounded._slice_pending
+                assert key in model.vocab._cache and bounded._slice_demand is None
         assert bounded.is_accepting()
         sliced = model.vocab._cache[key]
         assert sliced is not base and model.llg_tokenizer(model.eot_id, sliced=True) is sliced
         assert _masks(sliced, grammar, ids, model.n_vocab) == plain_masks
-        assert not Constraint.json_schema(BOUNDED, model=model)._slice_pending
+        assert Constraint.json_schema(BOUNDED, model=model)._slice_demand is None
     finally:
         model.close()
 

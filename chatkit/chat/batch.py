@@ -25,7 +25,7 @@ from ..errors import ChatkitError, InvalidParameter, SharedProcessorError
 from ..grammar.constraints import Constraint, SchemaArg
 from ..messages import Reply
 from .conversation import Conversation
-from .plan import common_prefix
+from .plan import MIN_SHARED_PREFIX, common_prefix
 from .runner import Results, run_all
 from .turn import Turn
 
@@ -34,9 +34,6 @@ __all__ = ["BatchItem", "asend_batch", "send_batch"]
 BatchItem = tuple[Conversation, str] | tuple[Conversation, str, Mapping[str, Any]]
 """``(conversation, message)`` or ``(conversation, message, per-item options)``; the
 per-item options may include ``schema``."""
-
-# A shared prompt prefix shorter than this is evaluated per sequence (copying costs more).
-MIN_SHARED_PREFIX = 8
 
 
 @overload

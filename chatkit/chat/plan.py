@@ -440,6 +440,11 @@ def lark_text(grammar: str) -> str:
     raise InvalidParameter("constraint", "this grammar has no Lark form")
 
 
+MIN_SHARED_PREFIX = 8
+"""Fewest prompt tokens worth copying from another sequence instead of evaluating (a
+shorter shared prefix is evaluated per sequence: copying costs more)."""
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))

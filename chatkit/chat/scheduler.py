@@ -48,7 +48,7 @@ from ..engine.compute import activate
 from ..engine.protocols import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
 from ..errors import ChatkitError, EngineBusy
 from ..messages import Reply
-from .plan import common_prefix
+from .plan import MIN_SHARED_PREFIX, common_prefix
 from .turn import Turn
 
 __all__ = ["EngineLoop", "Ticket", "engine_loop"]
@@ -58,8 +58,6 @@ _log = logging.getLogger("chatkit")
 DEFAULT_MAX_QUEUE = 256
 STEP_ROWS = SAFE_PREFILL_CHUNK
 """Rows per forward pass the loop aims for: decode rows first, prefill in the rest."""
-SHARE_MIN = 8
-"""Fewest prompt tokens worth copying from another running turn's sequence."""
 
 Event = tuple[Literal["delta", "reply", "error", "closed"], Any]
 
@@ -464,13 +462,13 @@ class EngineLoop:
 
 # ------------------------------------------------- prompt prefixes shared
 def _find_share(engine: StepEngine, live: list[Ticket], stats: LoopStats, t: Ticket) -> None:
-    """A prompt prefix (``SHARE_MIN`` tokens past its own reuse at least) that a running
-    turn's sequence holds, or will once its prefill gets there, is copied into ``t``'s
+    """A prompt prefix (``MIN_SHARED_PREFIX`` tokens past its own reuse at least) that a
+    running turn's sequence holds, or will once its prefill gets there, is copied into ``t``'s
     sequence (``seq_cp``, one KV pool) instead of evaluated: concurrent requests with one
     system prompt prefill it once."""
     prompt = t.turn.prompt
     best: Ticket | None = None
-    n = t.turn.reuse + SHARE_MIN - 1
+    n = t.turn.reuse + MIN_SHARED_PREFIX - 1
     for other in live:
         if other.state in ("prefill", "decode"):
             lcp = min(common_prefix(other.turn.prompt, prompt), len(prompt) - 1)

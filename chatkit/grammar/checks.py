@@ -313,7 +313,7 @@ def _relaxed_for(doc: dict[str, Any], exc: SchemaUnsupported,
     relaxing changed nothing)."""
     before = json.dumps(doc, sort_keys=True)
     fmt = _FORMAT.search(exc.detail)
-    if exc.keyword in ("pattern", "$ref") and exc.keyword not in RELAXED:
+    if exc.keyword in ("pattern", "$ref"):  # targeted: the patterns or cycle it names
         named = (relax_named_patterns if exc.keyword == "pattern" else relax_cycle)(
             doc, exc.detail, relaxed)
         if named is None:

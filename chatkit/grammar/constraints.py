@@ -75,7 +75,7 @@ class GrammarSteps:
     _forced: int | None
     _spare_core: bool
     _guard: Guard | None
-    _slice_pending: bool
+    _slice_demand: list[int] | None
     _tokens: list[int]
     grammar: str
     rolls_back: bool
@@ -99,8 +99,8 @@ class GrammarSteps:
         if words is None:
             return None
         assert self.model is not None
-        if self._slice_pending:
-            slices.count_mask(self.model)
+        if self._slice_demand is not None:
+            self._slice_demand[0] += 1
         return prepare_bitmask(words, self.model.n_vocab)
 
     def _failure(self, message: str) -> Exception:
@@ -166,11 +166,12 @@ class GrammarSteps:
             raise self._failure(m.get_error() or f"token {token} refused by the grammar")
         if guard is not None:
             guard.commit(token, choice=choice)
-        if self._slice_pending:
+        demand = self._slice_demand
+        if demand is not None:
             self._tokens.append(token)
             assert self.model is not None
-            if slices.due(self.model):  # the sliced tokenizer pays now: switch to it
-                self._slice_pending = False
+            if demand[0] >= slices.SLICES_AFTER:  # the sliced tokenizer pays now: switch
+                self._slice_demand = None
                 made = slices.sliced_matcher(self.model, self.grammar, self.stop_token,
                                              self._tokens)
                 if made is not None:
@@ -277,7 +278,8 @@ class Constraint(GrammarSteps):
         self.stop_token: int = -1
         self._initial: Any = None
         self._matcher: Any = None
-        self._slice_pending = False  # slices wanted, not built yet (chatkit.grammar.slices)
+        self._slice_demand: list[int] | None = None
+        """Slices wanted, not built yet: the vocabulary's mask count (chatkit.grammar.slices)."""
         self._tokens: list[int] = []  # committed, while slices are pending (a replay)
         self._mask: NDArray[np.int32] = np.zeros((1, 0), dtype=np.int32)
         self._static: NDArray[np.int32] = np.zeros(0, dtype=np.int32)
@@ -369,7 +371,7 @@ class Constraint(GrammarSteps):
             return other.bind(model, stop)
         import llguidance.numpy
 
-        matcher, self._slice_pending = _new_matcher(model, self.grammar, stop)
+        matcher, self._slice_demand = _new_matcher(model, self.grammar, stop)
         if matcher.is_error():
             raise _matcher_refusal(self.kind, self.source, matcher.get_error())
         self.model = model
@@ -415,15 +417,16 @@ class Constraint(GrammarSteps):
         other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader,
                            stop_token=self.stop_token_override, checks=self.checks)
         if self.model is not None:
-            if self._slice_pending and slices.due(self.model):  # a template: upgrade it once
+            demand = self._slice_demand
+            if demand is not None and demand[0] >= slices.SLICES_AFTER:  # a template: once
                 made = slices.sliced_matcher(self.model, self.grammar, self.stop_token, [])
                 if made is not None:
-                    self._initial, self._slice_pending = made[0], False
+                    self._initial, self._slice_demand = made[0], None
             other.model = self.model
             other.stop_token = self.stop_token
             other._initial = self._initial
             other._matcher = self._initial.deep_copy()
-            other._slice_pending = self._slice_pending
+            other._slice_demand = self._slice_demand
             other._mask = np.empty_like(self._mask)
             other._static = self._static
             other._spare_core = self._spare_core
@@ -516,16 +519,16 @@ def _regex_grammar(pattern: str) -> str:
     return _checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
 
 
-def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> tuple[Any, bool]:
+def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> tuple[Any, list[int] | None]:
     """An llguidance matcher of ``grammar`` over ``model``'s tokenizer ending in ``stop``
-    (``InvalidParameter`` when that is no token id; check its ``is_error()``), and whether
-    it waits for the sliced tokenizer (:mod:`chatkit.grammar.slices`)."""
+    (``InvalidParameter`` when that is no token id; check its ``is_error()``), and, while
+    it waits for the sliced tokenizer, its mask counter (:mod:`chatkit.grammar.slices`)."""
     if not 0 <= stop < model.n_vocab:
         raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
     import llguidance
 
-    tok, pending = slices.tokenizer(model, grammar, stop)
-    return llguidance.LLMatcher(tok, grammar, log_level=0, limits=native_limits()), pending
+    tok, demand = slices.tokenizer(model, grammar, stop)
+    return llguidance.LLMatcher(tok, grammar, log_level=0, limits=native_limits()), demand
 
 
 class _NextMask:

@@ -327,13 +327,16 @@ class Guard:
                 and self.refused_end[0] != start:
             self.refused_end = (start, len(self.tokens))
 
-    def _runaway(self) -> bool:
+    def _grown(self) -> bool:
         """The open string has grown ``STUCK_STEPS`` tokens since an end of it was
-        refused, and ending it here would still fail its checks (pure)."""
+        refused."""
         sc = self.scan.scalar
         return (sc is not None and sc[0] != WORD and sc[1] == self.refused_end[0]
-                and len(self.tokens) - self.refused_end[1] > STUCK_STEPS
-                and (self.quote < 0 or self._passes(self.quote) is not None))
+                and len(self.tokens) - self.refused_end[1] > STUCK_STEPS)
+
+    def _runaway(self) -> bool:
+        """:meth:`_grown`, and ending it here would still fail its checks (pure)."""
+        return self._grown() and (self.quote < 0 or self._passes(self.quote) is not None)
 
     def filter(self, logits: NDArray[np.float32],
                roll_back: Callable[[int], None] | None) -> None:
@@ -372,8 +375,7 @@ class Guard:
         for start in failed:
             self._refused(start)
         runaway = self._runaway()
-        if not runaway and sc is not None and sc[1] == self.refused_end[0] \
-                and len(self.tokens) - self.refused_end[1] > STUCK_STEPS:
+        if not runaway and sc is not None and self._grown():
             self.refused_end = (sc[1], len(self.tokens))  # it could end well now: count anew
         if runaway and sc is not None:
             failed.append(sc[1])  # a string that may never end well: from its start

@@ -114,6 +114,11 @@ _QUOTE_CODES = ("\\x22", "\\x5c", "\\u0022", "\\u005c")
 
 
 # ------------------------------------------------------------------ relaxing
+def _note(relaxed: dict[str, tuple[str, ...]], pointer: str, keyword: str) -> None:
+    """Record that ``keyword`` was relaxed at ``pointer`` (a value check goes there)."""
+    relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), keyword}))
+
+
 def relax_patterns(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]
                    ) -> dict[str, Any]:
     """``doc`` without the patterns the Rust engine cannot compile (in values and in
@@ -136,7 +141,7 @@ def relax_patterns(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]
         del node[keyword]
         if keyword == "patternProperties":  # its keys would fall to additionalProperties
             node["additionalProperties"] = True
-        relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), keyword}))
+        _note(relaxed, pointer, keyword)
     return out
 
 
@@ -155,7 +160,7 @@ def relax_named_patterns(doc: dict[str, Any], message: str,
         if isinstance(pattern, str) and (pattern in named or ecma_pattern(pattern) in named
                                          or any(pattern in n for n in named)):
             del node["pattern"]
-            relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), "pattern"}))
+            _note(relaxed, pointer, "pattern")
             found = True
     return out if found else None
 
@@ -199,14 +204,14 @@ def _strip_refs(doc: dict[str, Any], ref: str | None,
                 target.setdefault("additionalProperties", True)
             found = True
             if meaning:
-                relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), "$ref"}))
+                _note(relaxed, pointer, "$ref")
         branches = node.get("allOf")
         if isinstance(branches, list) and len(branches) > 1 and any(
                 isinstance(b, dict) and "$ref" in b and ref in (None, b["$ref"])
                 for b in branches):
             del node["allOf"]
             found = True
-            relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), "allOf"}))
+            _note(relaxed, pointer, "allOf")
     return out if found else None
 
 
@@ -223,7 +228,7 @@ def _strip_unions(doc: dict[str, Any], relaxed: dict[str, tuple[str, ...]]
             for key in beside:
                 del node[key]
             found = True
-            relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), "$ref"}))
+            _note(relaxed, pointer, "$ref")
     return out if found else None
 
 

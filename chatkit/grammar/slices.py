@@ -46,24 +46,16 @@ def _demand(model: Vocabulary) -> list[int]:
     return cache(("grammar", "slice_demand"), lambda: [0])  # type: ignore[no-any-return]
 
 
-def tokenizer(model: Vocabulary, grammar: str, stop: int) -> tuple[Any, bool]:
-    """llguidance's tokenizer for ``grammar`` over ``model``, and whether the grammar still
-    waits for slices (its masks are counted; :func:`due` says when to switch)."""
+def tokenizer(model: Vocabulary, grammar: str, stop: int) -> tuple[Any, list[int] | None]:
+    """llguidance's tokenizer for ``grammar`` over ``model``, and, while the grammar still
+    waits for slices, the vocabulary's counter of its masks (add one per mask; switch once
+    it reaches ``SLICES_AFTER``); None when it does not wait."""
     if not wants_slices(grammar):
-        return model.llg_tokenizer(stop), False
-    if _demand(model)[0] >= SLICES_AFTER:
-        return model.llg_tokenizer(stop, sliced=True), False
-    return model.llg_tokenizer(stop), True
-
-
-def count_mask(model: Vocabulary) -> None:
-    """One mask made without slices by a grammar that wants them."""
-    _demand(model)[0] += 1
-
-
-def due(model: Vocabulary) -> bool:
-    """Whether grammars waiting for slices should switch now."""
-    return _demand(model)[0] >= SLICES_AFTER
+        return model.llg_tokenizer(stop), None
+    demand = _demand(model)
+    if demand[0] >= SLICES_AFTER:
+        return model.llg_tokenizer(stop, sliced=True), None
+    return model.llg_tokenizer(stop), demand
 
 
 def sliced_matcher(model: Vocabulary, grammar: str, stop: int,
