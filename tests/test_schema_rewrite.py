@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chatkit import Constraint, Conversation, Model
+from chatkit import ChecksExhausted, Constraint, Conversation, Model, Truncated
 from chatkit.grammar.schema import closed_objects
 from chatkit.grammar.schema_rewrite import ecma_pattern
 
@@ -119,8 +119,11 @@ def test_a_lookaround_pattern_is_enforced_in_generation(smol: Model) -> None:
     pattern = r"^(?!x)[a-z]+(?<!q)$"
     schema = {"type": "object", "properties": {"w": {"type": "string", "pattern": pattern}},
               "required": ["w"]}
-    reply = Conversation(smol, max_tokens=120).send(
-        "Write the word xylophone in lowercase as the value of key w.", schema=schema)
+    try:
+        reply = Conversation(smol, max_tokens=120).send(
+            "Write the word xylophone in lowercase as the value of key w.", schema=schema)
+    except ChecksExhausted:  # a named outcome on a build whose model keeps choosing "x"
+        return
     assert re.search(pattern, json.loads(reply.text)["w"])
 
 
@@ -173,10 +176,14 @@ def test_a_key_pattern_holds_from_the_first_character(smol: Model) -> None:
     assert c.checks is None
     firsts = allowed_after(c, smol, '{"')
     assert firsts and all(b.startswith(b"a") for b in firsts), firsts[:5]
-    reply = Conversation(smol, max_tokens=60).send(
-        'Reply with a JSON object whose keys are "b" and "c", values 1 and 2.', schema=KEYS)
-    keys = [k for k in re.findall(r'"([^"]*)":', reply.text)]
-    assert keys and all(re.search("^a[a-z]{0,8}$", k) for k in keys), reply.text
+    try:
+        text = Conversation(smol, max_tokens=60).send(
+            'Reply with a JSON object whose keys are "b" and "c", values 1 and 2.',
+            schema=KEYS).text
+    except Truncated as exc:  # an open object: a build's model may go on; its keys obey
+        text = exc.text
+    keys = re.findall(r'"([^"]*)":', text)
+    assert keys and all(re.search("^a[a-z]{0,8}$", k) for k in keys), text
 
 
 def test_declared_properties_keep_their_own_schema() -> None:
@@ -211,11 +218,23 @@ def test_not_empty_holds_from_the_first_character(smol: Model) -> None:
 
 # ----------------------------------------------------------- runaway strings
 def test_a_string_whose_ends_are_refused_is_rolled_back_not_run_on(smol: Model) -> None:
-    # the grammar admits any string (the pattern is checked); greedy SmolLM2 writes on
-    # past its refused end: rolled back to the string's start instead of Truncated
+    # scripted (any build): "x... can never match; its end is refused, it grows on
+    from chatkit.grammar.guard import STUCK_STEPS, Rollback
+
     schema = {"type": "string", "pattern": r"^(?!x)[a-z]+(?<!q)$"}
-    reply = Conversation(smol, max_tokens=200).send("Write the word xylophone.", schema=schema)
-    assert reply.usage.rollbacks > 0
+    c = Constraint.json_schema(schema, model=smol)
+    row = np.zeros(smol.n_vocab, dtype=np.float32)
+    tokens = smol.tokenize('"x' + "ylophone" * 12, special=False)
+    with pytest.raises(Rollback):
+        for t in tokens[: STUCK_STEPS + 8]:
+            c.process(row.copy(), [])
+            c.commit(t)
+    # generating, a reply is valid or a named error, never cut at max_tokens
+    try:
+        reply = Conversation(smol, max_tokens=200).send("Write the word xylophone.",
+                                                        schema=schema)
+    except ChecksExhausted:
+        return
     assert re.search(schema["pattern"], json.loads(reply.text))
 
 
