@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import marshal
+import os
 import subprocess
 import sys
 import threading
@@ -10,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
 import llguidance
 import llguidance.numpy
 import numpy as np
@@ -20,6 +20,7 @@ import chatkit.engine.llama_log as llama_log
 import chatkit.engine.vocab as cv
 from chatkit import Conversation, Model, ModelLoadError
 from chatkit.engine.llg_prebuild import TokenizerPrebuild
+from chatkit.engine.lowlevel import llama_cpp
 from chatkit.engine.model import default_model_path
 
 from .conftest import ROOT, gemma_path
@@ -237,6 +238,27 @@ def test_sync_api_does_not_import_async_libraries() -> None:
     out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_loading_a_model_skips_llama_cpp_python_high_level_half() -> None:
+    """chatkit imports only llama-cpp-python's ctypes bindings (~0.1 s less of a cold start);
+    a later ``import llama_cpp`` still gets the whole package, over the same bindings."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from chatkit import Conversation, Model\n"
+            "from chatkit.engine.lowlevel import llama_cpp as bindings, version\n"
+            "model = Model.load(None, n_ctx=256, n_seq_max=1)\n"
+            "skipped = sorted(m for m in ('llama_cpp', 'llama_cpp.llama', 'diskcache', "
+            "'sqlite3', 'multiprocessing') if m in sys.modules)\n"
+            "import llama_cpp\n"
+            "print(skipped, llama_cpp.llama_cpp is bindings, hasattr(llama_cpp, 'Llama'), "
+            "llama_cpp.llama_decode is bindings.llama_decode, "
+            "version() == llama_cpp.__version__)\n"
+            "import os; print(os.environ.get('GOMP_SPINCOUNT'))\n"
+            "model.close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True,
+                         text=True, check=True, env=env)
+    assert out.stdout.strip().splitlines()[-2:] == ["[] True True True True", "1000"]
 
 
 def _marked(pieces: list[bytes], attrs: Any) -> list[bytes]:

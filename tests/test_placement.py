@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import llama_cpp
 import pytest
 
 from chatkit import BuildInfo, Device, InvalidParameter, Model, SeqChunk, build_info
 from chatkit.engine.backends import SPLIT_MODES, parse_system_info, plan_placement
+from chatkit.engine.lowlevel import llama_cpp
 
 CPU_ONLY = BuildInfo(features={"CPU": {"AVX2": "1", "AVX512": "1"}}, devices=(
     Device("CPU", "Intel Xeon", "cpu", 0, 0),), gpu_offload=False, max_devices=16)

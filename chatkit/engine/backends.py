@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-import llama_cpp
-
 from ..errors import InvalidParameter
+from .lowlevel import llama_cpp, submodule
 
 __all__ = ["BuildInfo", "Device", "Placement"]
 
@@ -104,7 +103,7 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
 
 def _devices() -> tuple[Device, ...]:
     try:
-        from llama_cpp import _ggml  # llama-cpp-python's handle on libggml
+        _ggml = submodule("_ggml")  # llama-cpp-python's handle on libggml
         lib = _ggml.libggml
         lib.ggml_backend_dev_count.restype = ctypes.c_size_t
         lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]

@@ -12,9 +12,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-import llama_cpp
-
 from .backends import BuildInfo, read_build_info
+from .lowlevel import llama_cpp
 
 __all__ = ["build_info"]
 

@@ -21,14 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-# llama.cpp's CPU threads meet at an OpenMP barrier after every operation, and libgomp's
-# waiting threads spin 300,000 times first: with other processes on the CPU, a spinning
-# thread holds the core the working one needs (docs/running.md, "Threads"). 1,000 spins
-# keeps a quiet machine's speed and bounds the cost under contention. Read when libgomp
-# loads, so set before llama_cpp is imported; a value the user set wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
-
-import llama_cpp
 import numpy as np
 from numpy.typing import NDArray
 
@@ -38,6 +30,7 @@ from .compute import run_on_compute
 from .kvseqs import SeqLeases
 from .llama_log import build_info, forget_lines, last_error
 from .llg_prebuild import TokenizerPrebuild
+from .lowlevel import llama_cpp
 from .protocols import SAFE_PREFILL_CHUNK, SeqChunk
 from .vocab import LLG_SLICES as LLG_SLICES
 from .vocab import Vocab, checked_gguf

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import llama_cpp
 import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import DecodeError, ModelLoadError, ModelNotFound
-from . import diskcache
+from . import diskcache, lowlevel
 from .llama_log import ensure_backend, forget_lines, last_error
+from .lowlevel import llama_cpp
 
 __all__: list[str] = []
 
@@ -142,7 +142,7 @@ which belongs to the Python version)."""
 def vocab_cache_path(path: Path) -> Path:
     """Where the table of the model file ``path`` is cached (``OSError`` if it is gone)."""
     st = path.stat()
-    key = (f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{llama_cpp.__version__}|"
+    key = (f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{lowlevel.version()}|"
            f"v{VOCAB_CACHE_FORMAT}|{sys.version_info[:2]}|marshal{marshal.version}")
     return diskcache.cache_dir() / f"vocab-{hashlib.sha256(key.encode()).hexdigest()[:24]}.bin"
 
