@@ -2,8 +2,12 @@
 
     python3 dev.py bench serve [--clients 1,2,4,8,16] [--max-tokens N] [--plot PNG]
 
-One run, same GGUF (SmolLM2-135M), same machine, servers started one after the other
-as subprocesses on loopback (never both at once):
+One run, same GGUF (SmolLM2-135M), same machine, every server started at once as a
+subprocess on loopback (an idle server takes no CPU); each level runs ``--rounds`` times
+per server, the rounds alternating between the servers in an order that rotates (this
+machine's speed drifts by more than the differences measured; one 16-request round at 8
+clients has read llama-server at both 2.7 and 5.1 requests/s), and reports the median
+round's requests/s and tokens/s with latency percentiles over every request:
 
 - ``chatkit serve`` (``--n-seq-max 8``: up to 8 turns per forward pass), requests with
   ``response_format: json_schema``;
@@ -198,7 +202,24 @@ def load(server: Server, clients: int, requests: int, schemas: list[dict[str, An
             "p50": statistics.median(lat), "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "ttft": statistics.median(r["ttft"] for r in results),
             "valid": sum(r["valid"] for r in results), "n": len(results),
-            "cached": sum(r["cached"] for r in results)}
+            "cached": sum(r["cached"] for r in results),
+            "min_cached": min(r["cached"] for r in results), "latencies": lat,
+            "ttfts": [r["ttft"] for r in results]}
+
+
+def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One level's rounds as one figure: the median round's requests/s and tokens/s, the
+    latency percentiles and time to first token over every request of every round, and the
+    totals of validity and cached tokens."""
+    lat = sorted(x for r in runs for x in r["latencies"])
+    return {"req_s": statistics.median(r["req_s"] for r in runs),
+            "tok_s": statistics.median(r["tok_s"] for r in runs),
+            "p50": statistics.median(lat), "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "ttft": statistics.median(x for r in runs for x in r["ttfts"]),
+            "valid": sum(r["valid"] for r in runs), "n": sum(r["n"] for r in runs),
+            "cached": sum(r["cached"] for r in runs),
+            "min_cached": min(r["min_cached"] for r in runs),
+            "rounds": " ".join(f"{r['req_s']:.2f}" for r in runs)}
 
 
 def in_process(path: Path, schemas: list[dict[str, Any]], max_tokens: int, count: Any,
@@ -235,6 +256,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--per-client", type=int, default=2,
                     help="requests per client (at least 8 per level)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each level per server, alternating between the servers "
+                         "(the median round's requests/s is reported)")
     ap.add_argument("--plot", default=str(ROOT / "bench" / "out" / "serve.png"))
     ap.add_argument("--workload", choices=("mixed", "shared"), default="mixed",
                     help="mixed: the fixture schemas in turn; shared: one system prompt "
@@ -261,23 +285,40 @@ def main() -> None:
     alone = in_process(path, schemas, args.max_tokens, count, len(schemas))
     print(f"in-process send, one at a time: {alone['tok_s']:.1f} tok/s, p50 "
           f"{alone['p50'] * 1000:.0f} ms, valid {alone['valid']}/{alone['n']}", flush=True)
-    table: dict[str, dict[int, dict[str, Any]]] = {}
-    for kind in args.servers.split(","):
-        server = Server(kind, path, free_port())
-        try:
-            load(server, 1, 2, schemas[:2], 16, count)  # warm-up (grammar caches, first decode)
-            table[kind] = {}
-            for c in levels:
-                r = load(server, c, max(8, args.per_client * c), schemas, args.max_tokens,
-                         count, args.workload)
-                table[kind][c] = r
+    kinds = args.servers.split(",")
+    table: dict[str, dict[int, dict[str, Any]]] = {k: {} for k in kinds}
+    servers: dict[str, Server] = {}
+    try:
+        # Every server is up at once (an idle one takes no CPU) and each level's rounds
+        # alternate between them, in an order that rotates, so the machine's drift spreads
+        # over all of them.
+        for kind in kinds:
+            servers[kind] = Server(kind, path, free_port())
+            load(servers[kind], 1, 2, schemas[:2], 16, count)  # warm-up (grammars, decode)
+        for c in levels:
+            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+            for r in range(args.rounds):
+                for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
+                    runs[kind].append(load(servers[kind], c, max(8, args.per_client * c), schemas,
+                                           args.max_tokens, count, args.workload))
+            for kind in kinds:
+                r = table[kind][c] = merged(runs[kind])
                 print(f"{kind:20s} clients {c:2d}: {r['req_s']:5.2f} req/s "
                       f"{r['tok_s']:6.1f} tok/s  p50 "
                       f"{r['p50']:.2f} s  p99 {r['p99']:.2f} s  ttft {r['ttft'] * 1000:.0f} ms"
-                      f"  valid {r['valid']}/{r['n']}  cached prompt tokens {r['cached']}",
+                      f"  valid {r['valid']}/{r['n']}  cached prompt tokens {r['cached']}"
+                      f" (fewest in one request: {r['min_cached']})"
+                      + (f"  (req/s by round: {r['rounds']})" if args.rounds > 1 else ""),
                       flush=True)
-        finally:
+    finally:
+        for server in servers.values():
             server.close()
+    peer = "llama-server"
+    for kind in kinds:
+        if kind.startswith("chatkit") and peer in table:
+            print(f"\n{kind} / {peer} requests/s: " + ", ".join(
+                f"{c} clients {table[kind][c]['req_s'] / table[peer][c]['req_s']:.2f}x"
+                for c in levels))
     if not {"chatkit", "llama-cpp-python"} <= set(table):
         return
     print()

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from chatkit import (
+    Conversation,
     DecodeError,
     EngineBusy,
     InvalidParameter,
     Model,
     ModelLoadError,
     ModelNotFound,
+    SamplingParams,
     SeqChunk,
 )
+from chatkit.engine.kvseqs import SeqLeases
 from chatkit.engine.model import default_model_path
 
 TEXT = "Grüße, 世界! 🦙 naïve café — \"quotes\" <|im_end|> {x: 1}\n\ttab"
@@ -127,6 +132,96 @@ def test_a_lease_that_does_not_come_free_is_engine_busy(smol: Model) -> None:
         for i in range(len(held)):
             smol.release_seq_owner(1000 + i)
     assert smol.free_seqs() == smol.n_seq_max
+
+
+class _KV:
+    """What SeqLeases asks of the KV cache, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        self.calls.append(("rm", seq, p0, p1))
+
+    def cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.calls.append(("cp", src, dst, p0, p1))
+
+
+def _leases(n: int, copies: bool) -> tuple[SeqLeases, _KV]:
+    kv = _KV()
+    return SeqLeases(n, threading.RLock(), kv.rm, kv.cp if copies else None), kv
+
+
+def test_a_lease_routes_a_prompt_to_the_longest_recorded_prefix() -> None:
+    prompt = list(range(100, 130))
+    leases, kv = _leases(3, copies=True)
+    a, _ = leases.lease(1, None, [*prompt[:20], 7, 7], wait=0)
+    b, _ = leases.lease(2, None, prompt[:5] + [8] * 20, wait=0)
+    leases.release(a, [*prompt[:20], 7, 7, 9])
+    leases.release(b, prompt[:5] + [8] * 20)
+    kv.calls.clear()
+    # copies: the free sequence takes the 20-token prefix; the giver keeps it
+    seq, held = leases.lease(3, None, prompt, wait=0, min_shared=8)
+    assert held == prompt[:20] and seq not in (a, b)
+    assert kv.calls == [("rm", seq, 0, -1), ("cp", a, seq, 0, 20)]
+    # the owner's own sequence comes back as it was (held None); unknown records give nothing
+    leases.release(seq)
+    assert leases.lease(1, a, prompt, wait=0) == (a, None)
+    seq2, held2 = leases.lease(4, None, prompt, wait=0, min_shared=8)
+    assert held2 == [] and seq2 == b  # ``seq`` holds the prefix, but released unrecorded
+    # below min_shared nothing is given
+    leases.release(a, prompt[:20])
+    leases.release(seq2, [])
+    kv.calls.clear()
+    assert leases.lease(5, None, prompt[:5] + [1] * 9, wait=0, min_shared=8)[1] == []
+
+
+def test_without_copies_a_prefix_is_handed_over_only_in_place_of_an_eviction() -> None:
+    prompt = list(range(100, 140))
+    leases, kv = _leases(2, copies=False)
+    a, _ = leases.lease(1, None, [*prompt[:30], 5], wait=0)
+    leases.release(a, [*prompt[:30], 5])
+    # a sequence nobody owns is free: taken empty rather than evicting owner 1's tokens
+    b, held = leases.lease(2, None, prompt, wait=0, min_shared=8)
+    assert b != a and held == []
+    leases.release(b, [9] * 40)
+    kv.calls.clear()
+    # every sequence owned: the one sharing the prompt's prefix is trimmed and handed over
+    seq, held = leases.lease(3, None, prompt, wait=0, min_shared=8)
+    assert seq == a and held == prompt[:30] and kv.calls == [("rm", a, 30, -1)]
+    # never the whole prompt: its last token is evaluated for the first row
+    leases.release(seq, prompt)
+    assert leases.lease(4, None, prompt, wait=0)[1] == prompt[:-1]
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_new_conversation_starts_from_another_ones_system_prompt(unified: bool) -> None:
+    """Per-sequence streams: the prefix is handed over when every sequence is owned, and
+    the reply is the one a fresh cache gives (the reproducible regime). One KV pool: it is
+    copied while a sequence is free, and the giver keeps its own conversation."""
+    model = Model.load(n_ctx=2048, n_seq_max=2, kv_unified=unified)
+    greedy = SamplingParams(temperature=0.0)
+    system = "You are a terse assistant for a hardware store. Answer in one short line. " * 3
+    try:
+        first = Conversation(model, system=system, sampling=greedy)
+        first.send("Do you sell nails?", max_tokens=4)
+        others = [Conversation(model, system=system, sampling=greedy)
+                  for _ in range(1 if unified else 2)]
+        for conv in others[:-1]:
+            conv.send("Do you sell glue?", max_tokens=4)
+        reply = others[-1].send("Do you sell paint?", max_tokens=6)
+        assert reply.usage.cached_prompt_tokens >= 40
+        if unified:  # copied: the first conversation still finds its whole history
+            again = first.send("And screws?", max_tokens=4)
+            assert again.usage.cached_prompt_tokens >= reply.usage.prompt_tokens
+        else:
+            model.clear()
+            alone = Conversation(model, system=system, sampling=greedy).send(
+                "Do you sell paint?", max_tokens=6)
+            assert alone.usage.cached_prompt_tokens == 0
+            assert alone.text == reply.text
+    finally:
+        model.close()
 
 
 def test_load_vocab_is_a_vocabulary_without_decoding() -> None:

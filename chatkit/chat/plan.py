@@ -30,6 +30,7 @@ from ..decode.options import (
     resolve,
 )
 from ..decode.sampling import LogitProcessor, Logits, Sampler
+from ..engine.kvseqs import common_prefix as common_prefix
 from ..engine.protocols import Engine, GenerateRequest, Vocabulary
 from ..errors import ContextOverflow, InvalidParameter
 from ..grammar.checks import relaxed_schema
@@ -445,10 +446,3 @@ MIN_SHARED_PREFIX = 8
 shorter shared prefix is evaluated per sequence: copying costs more)."""
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

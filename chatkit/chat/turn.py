@@ -26,7 +26,7 @@ from ..messages import Message, Reply, Usage
 from ..tools.dialects import Dialect
 from .emit import TextEmitter
 from .outcome import reply_of
-from .plan import TurnPlan, common_prefix, request_for
+from .plan import MIN_SHARED_PREFIX, TurnPlan, common_prefix, request_for
 
 __all__: list[str] = []
 
@@ -190,9 +190,12 @@ class Turn(TurnView):
         engine's default; ``EngineBusy`` when none came free) and reset the processor;
         nothing is evaluated yet."""
         engine = self._engine()
-        self.seq, kept = engine.acquire_seq(self.kv.owner, self.kv.seq, wait=wait)
+        self.seq, held = engine.lease_seq(self.kv.owner, self.kv.seq, self.plan.prompt,
+                                          min_shared=MIN_SHARED_PREFIX, wait=wait)
         self.kv.seq = self.seq
-        reuse = common_prefix(self.kv.tokens, self.plan.prompt) if kept else 0
+        if held is not None:  # not the owner's own tokens: none, or a prefix routed here
+            self.kv.tokens = held
+        reuse = common_prefix(self.kv.tokens, self.plan.prompt)
         self._dec = self._decoder(engine, self.seq, reuse)
         return self._dec
 
@@ -386,5 +389,5 @@ class Turn(TurnView):
         if self.seq is None:
             return
         self.kv.tokens = self.decoder.kv_tokens()
-        self._engine().release_seq(self.seq)
+        self._engine().release_seq(self.seq, self.kv.tokens)
         self.seq = None

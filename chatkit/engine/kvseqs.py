@@ -1,29 +1,45 @@
-"""SeqLeases: which owner (a conversation) holds which of an engine's KV sequences, and
-which are leased for a turn right now."""
+"""SeqLeases: which owner (a conversation) holds which of an engine's KV sequences, which
+are leased for a turn right now, and what each idle one holds (so a turn can start from
+another owner's prefix: routing by content)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..errors import EngineBusy
 
 __all__: list[str] = []
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class SeqLeases:
     """Leases of ``n`` KV sequences, guarded by ``lock`` (the engine's own, so a lease and
-    the KV edits around it do not interleave). ``clear_seq(seq)`` empties a sequence that
-    changes owner."""
+    the KV edits around it do not interleave). ``seq_rm(seq, p0=0, p1=-1)`` empties (or, from
+    ``p0``, trims) a sequence that changes owner; ``seq_cp(src, dst, p0, p1)``, where the
+    engine can copy a prefix between sequences and read it back exactly, copies one."""
 
-    def __init__(self, n: int, lock: threading.RLock, clear_seq: Callable[[int], None]) -> None:
+    def __init__(self, n: int, lock: threading.RLock, seq_rm: Callable[..., None],
+                 seq_cp: Callable[[int, int, int, int], None] | None = None) -> None:
         self.n = n
         self.lock = lock
         self._free = threading.Condition(lock)
-        self._clear_seq = clear_seq
+        self._seq_rm = seq_rm
+        self.seq_cp = seq_cp
+        """None where prefixes cannot be copied (set by the engine once it knows)."""
         self._owner: list[int | None] = [None] * n
         self._busy = [False] * n
         self._used = [0] * n
+        self._holds: list[tuple[int, ...] | None] = [()] * n
+        """What each idle sequence holds, as its last lease recorded it (None: not known)."""
         self._clock = 0
 
     def acquire(self, owner: int, preferred: int | None, wait: float) -> tuple[int, bool]:
@@ -32,6 +48,21 @@ class SeqLeases:
         the least recently used idle one, is cleared and handed over. When every sequence
         is busy, waits up to ``wait`` seconds (0: not at all) for a release, then raises
         ``EngineBusy``."""
+        seq, held = self.lease(owner, preferred, None, wait=wait)
+        return seq, held is None
+
+    def lease(self, owner: int, preferred: int | None, prompt: Sequence[int] | None, *,
+              wait: float, min_shared: int = 1) -> tuple[int, list[int] | None]:
+        """As :meth:`acquire`, for a turn that will evaluate ``prompt``: ``(seq_id, held)``,
+        ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
+        prefix the leased sequence now holds (possibly empty).
+
+        On a miss the prompt is routed by content: the idle sequence whose recorded tokens
+        share the longest prefix with it (``min_shared`` tokens at least) gives that prefix.
+        Where prefixes can be copied, it is copied into the sequence the plain rule picks
+        (the giver keeps its tokens); otherwise the giver itself is trimmed to the prefix and
+        handed over, when that evicts nothing a plain lease would have kept (the giver has no
+        owner left, or no sequence is unowned)."""
         with self._free:
             if not self._free.wait_for(lambda: False in self._busy, timeout=wait):
                 raise EngineBusy(f"all {self.n} KV sequences stayed busy for {wait:g} s "
@@ -40,27 +71,56 @@ class SeqLeases:
             if (preferred is not None and 0 <= preferred < self.n
                     and self._owner[preferred] == owner and not self._busy[preferred]):
                 self._take(preferred)
-                return preferred, True
+                return preferred, None
             idle = [s for s in range(self.n) if not self._busy[s]]
             seq = min(idle, key=lambda s: (self._owner[s] is not None, self._used[s]))
-            self._clear_seq(seq)
+            giver, n = self._giver(idle, prompt, min_shared)
+            if giver is not None and giver != seq and self.seq_cp is not None:
+                self._seq_rm(seq)
+                self.seq_cp(giver, seq, 0, n)
+            elif giver is not None and (giver == seq or self._owner[giver] is None
+                                        or self._owner[seq] is not None):
+                seq = giver
+                self._seq_rm(seq, n, -1)
+            else:
+                self._seq_rm(seq)
+                n = 0
             self._owner[seq] = owner
             self._take(seq)
-            return seq, False
+            return seq, list(prompt[:n]) if prompt is not None else []
+
+    def _giver(self, idle: list[int], prompt: Sequence[int] | None,
+               min_shared: int) -> tuple[int | None, int]:
+        """The idle sequence sharing the longest prefix with ``prompt`` and that length,
+        (None, 0) below ``min_shared``; never the whole prompt (its last token is evaluated
+        for the first row)."""
+        if prompt is None:
+            return None, 0
+        best, n = None, max(0, min_shared - 1)
+        for s in idle:
+            held = self._holds[s]
+            if held:
+                k = min(common_prefix(held, prompt), len(prompt) - 1)
+                if k > n:
+                    best, n = s, k
+        return (best, n) if best is not None else (None, 0)
 
     def _take(self, seq: int) -> None:
         self._busy[seq] = True
         self._used[seq] = self._clock
+        self._holds[seq] = None  # known again at release
 
     def free(self) -> int:
         """How many sequences are not leased right now."""
         with self.lock:
             return self._busy.count(False)
 
-    def release(self, seq_id: int) -> None:
-        """End a lease; the sequence keeps its tokens for the owner's next turn."""
+    def release(self, seq_id: int, holds: Sequence[int] | None = None) -> None:
+        """End a lease; the sequence keeps its tokens for the owner's next turn. ``holds``:
+        exactly what it holds now (it may then give a prefix to another owner's turn)."""
         with self._free:
             self._busy[seq_id] = False
+            self._holds[seq_id] = tuple(holds) if holds is not None else None
             self._free.notify_all()
 
     def release_owner(self, owner: int) -> None:
@@ -74,3 +134,4 @@ class SeqLeases:
         """Every sequence was emptied: no owner's tokens are kept anywhere."""
         with self.lock:
             self._owner = [None] * self.n
+            self._holds = [() if not busy else None for busy in self._busy]

@@ -255,6 +255,7 @@ class Model(HoldsVocabulary):
         made = _made(cls, resolved, *_open(resolved, mparams, cparams, hook),
                      n_seq_max=n_seq_max)
         made.n_threads, made.kv_unified, made.placement = threads, kv_unified, placement
+        made._leases.seq_cp = made.seq_cp if made.copies_prefixes else None
         _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d; %s",
                   resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads,
                   placement.reason)
@@ -405,13 +406,28 @@ class Model(HoldsVocabulary):
         """
         return self._leases.acquire(owner, preferred, self.seq_wait if wait is None else wait)
 
+    def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
+                  min_shared: int = 1, wait: float | None = None
+                  ) -> tuple[int, list[int] | None]:
+        """As :meth:`acquire_seq`, for a turn that evaluates ``prompt``: ``(seq_id, held)``,
+        ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
+        prefix the sequence now holds. On a miss, the idle sequence whose tokens (as its last
+        ``release_seq(seq, holds)`` recorded them) share the longest prefix with ``prompt``,
+        ``min_shared`` tokens at least, gives it: copied (``copies_prefixes``), or else that
+        sequence itself is trimmed and handed over when that evicts nothing a plain lease
+        would keep. Routing a request to the cache that shares most of its prompt."""
+        return self._leases.lease(owner, preferred, prompt, min_shared=min_shared,
+                                  wait=self.seq_wait if wait is None else wait)
+
     def free_seqs(self) -> int:
         """How many KV sequences are not leased right now."""
         return self._leases.free()
 
-    def release_seq(self, seq_id: int) -> None:
-        """End a lease; the sequence keeps its tokens for the owner's next turn."""
-        self._leases.release(seq_id)
+    def release_seq(self, seq_id: int, holds: Sequence[int] | None = None) -> None:
+        """End a lease; the sequence keeps its tokens for the owner's next turn. ``holds``:
+        exactly the tokens it holds now, which lets another owner's turn start from them
+        (``lease_seq``); None when not known."""
+        self._leases.release(seq_id, holds)
 
     def release_seq_owner(self, owner: int) -> None:
         """Forget an owner (it is gone): its sequences become free to reuse."""

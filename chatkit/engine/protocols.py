@@ -145,7 +145,15 @@ class StepEngine(Vocabulary, Protocol):
         tokens. Waits up to ``wait`` seconds (None: the engine's default) for a free one."""
         ...
 
-    def release_seq(self, seq_id: int) -> None: ...
+    def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
+                  min_shared: int = 1, wait: float | None = None
+                  ) -> tuple[int, list[int] | None]:
+        """Lease a KV sequence for a turn evaluating ``prompt``; ``(seq_id, held)`` where
+        held is None when it still holds the owner's tokens, else the prompt prefix it now
+        holds (another sequence's, routed by content)."""
+        ...
+
+    def release_seq(self, seq_id: int, holds: Sequence[int] | None = None) -> None: ...
 
     def release_seq_owner(self, owner: int) -> None: ...
 
