@@ -5,7 +5,7 @@
                 [--temperature T] [--top-p P] [--seed N] [--stop STR ...] [--speculative]
                 [--threads N] [--json] [--debug]
     chatkit serve [--model PATH] [--host H] [--port N] [--api-key KEY] [--n-ctx N]
-                  [--n-seq-max N] [--max-queue N] [--threads N] [--name NAME]
+                  [--n-seq-max N] [--cache-seqs N] [--max-queue N] [--threads N] [--name NAME]
     chatkit info [--model PATH]
 
 Every answer parses, or the command fails by name: one line on stderr,
@@ -340,9 +340,12 @@ def _serve(args: argparse.Namespace) -> int:
     _apply_grammar_limits(args)
     template = _serve_template(args)
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq
+    cache_seqs = (args.cache_seqs if args.cache_seqs is not None  # refused by name beside
+                  else 0 if args.reproducible else args.n_seq_max)  # --reproducible
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
-                       kv_unified=not args.reproducible, **_placement(args))
+                       kv_unified=not args.reproducible, cache_seqs=cache_seqs,
+                       **_placement(args))
     if model.kv_unified:  # one pool, but each request keeps its sequence's share of it
         model.n_ctx_seq = model.n_ctx // args.n_seq_max
     origin = (f"--n-ctx {args.n_ctx} shared by --n-seq-max {args.n_seq_max}"
@@ -363,6 +366,16 @@ def _positive_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    return n
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {value}")
     return n
 
 
@@ -446,6 +459,10 @@ def _add_serve(sub: Any) -> None:
                           "--n-seq-max x --ctx-per-seq)")
     srv.add_argument("--n-seq-max", type=_positive_int, default=4,
                      help="KV sequences: turns decoded together")
+    srv.add_argument("--cache-seqs", type=_non_negative_int, default=None,
+                     help="more KV sequences that only keep finished requests' prompts for "
+                          "later ones (default: --n-seq-max; emptied least recently used "
+                          "first when the pool needs room; not with --reproducible)")
     srv.add_argument("--max-queue", type=_positive_int, default=64,
                      help="turns that may wait for a sequence (then 429)")
     srv.add_argument("--max-tokens-cap", type=_positive_int, default=4096,

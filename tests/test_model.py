@@ -224,6 +224,68 @@ def test_a_new_conversation_starts_from_another_ones_system_prompt(unified: bool
         model.close()
 
 
+def test_cache_sequences_are_never_leased_past_n_seq_max_and_make_room() -> None:
+    leases, kv = _leases(4, copies=True)
+    leases.max_busy = 2
+    held: dict[int, int] = {}
+    leases.room = (lambda: 100, lambda: 30, lambda seq: held.get(seq, 0))
+    a, _ = leases.lease(1, None, [1] * 10, wait=0)
+    b, _ = leases.lease(2, None, [2] * 10, wait=0)
+    assert leases.free() == 0
+    with pytest.raises(EngineBusy):
+        leases.lease(3, None, [3] * 10, wait=0)
+    leases.release(a, [1] * 20)
+    leases.release(b, [2] * 20)
+    held.update({a: 20, b: 20})
+    kv.calls.clear()
+    c, _ = leases.lease(3, None, [3] * 10, wait=0)  # 30 + 20 + 20 fits 100: nothing emptied
+    assert c not in (a, b) and kv.calls == [("rm", c, 0, -1)]
+    leases.release(c, [3] * 25)
+    held[c] = 25
+    d, _ = leases.lease(4, None, [4] * 10, wait=0)  # the last unused id; 30 + 65 fits
+    kv.calls.clear()
+    # a second lease evicts the least recently used idle sequence (a); then 60 + 20 + 25
+    # would not fit: b, next in recency, is emptied too; c, the most recent, stays
+    e, _ = leases.lease(5, None, [5] * 10, wait=0)
+    assert e == a and kv.calls == [("rm", a, 0, -1), ("rm", b, 0, -1)]
+    # an emptied sequence is no longer its owner's: the owner's next lease misses
+    leases.release(d, [])
+    leases.release(e, [])
+    assert leases.lease(2, b, [2] * 10, wait=0)[1] is not None
+    assert leases.lease(3, c, [3] * 10, wait=0) == (c, None)
+
+
+def test_more_prompts_stay_cached_than_sequences_run() -> None:
+    """cache_seqs: prompts of finished turns outlive the leased sequences; the pool never
+    overflows, however many distinct prompts come."""
+    model = Model.load(n_ctx=2048, n_seq_max=2, kv_unified=True, cache_seqs=3)
+    greedy = SamplingParams(temperature=0.0)
+    shops = ["hardware store", "bakery", "bicycle shop", "florist", "bookshop", "pharmacy"]
+    try:
+        assert model.n_seq_max == 2 and model.n_seq_ids == 5 and model.n_ctx_seq == 1024
+        for shop in shops[:3]:
+            Conversation(model, system=f"You work at a {shop}. " * 10, sampling=greedy).send(
+                "Hello?", max_tokens=4)
+        # the first prompt is still cached, two turns and two other prompts later
+        again = Conversation(model, system=f"You work at a {shops[0]}. " * 10,
+                             sampling=greedy).send("Open today?", max_tokens=4)
+        assert again.usage.cached_prompt_tokens >= 60
+        with pytest.raises(InvalidParameter, match="cache_seqs"):
+            Model.load(n_ctx=2048, n_seq_max=1, cache_seqs=1)
+    finally:
+        model.close()
+    small = Model.load(n_ctx=512, n_seq_max=2, kv_unified=True, cache_seqs=4)
+    try:
+        for shop in shops:  # ~80 tokens each with its reply: a lease's 256 + three of them
+            Conversation(small, system=f"You work at a {shop}. " * 10, sampling=greedy).send(
+                "Hello?", max_tokens=4)
+            assert sum(small.seq_pos_max(s) + 1 for s in range(small.n_seq_ids)) <= 512
+        kept = [small.seq_pos_max(s) for s in range(small.n_seq_ids)]
+        assert 1 <= sum(k >= 0 for k in kept) < len(shops)  # the oldest were emptied
+    finally:
+        small.close()
+
+
 def test_load_vocab_is_a_vocabulary_without_decoding() -> None:
     vocab = Model.load_vocab()
     try:

@@ -28,8 +28,17 @@ class SeqLeases:
     engine can copy a prefix between sequences and read it back exactly, copies one."""
 
     def __init__(self, n: int, lock: threading.RLock, seq_rm: Callable[..., None],
-                 seq_cp: Callable[[int, int, int, int], None] | None = None) -> None:
+                 seq_cp: Callable[[int, int, int, int], None] | None = None, *,
+                 max_busy: int | None = None) -> None:
         self.n = n
+        self.max_busy = n if max_busy is None else max_busy
+        """Leases at once (``n_seq_max``); the other ``n - max_busy`` sequences only keep
+        prefixes for later turns (``cache_seqs``), within :attr:`room`."""
+        self.room: tuple[Callable[[], int], Callable[[], int], Callable[[int], int]] | None
+        self.room = None
+        """With cache sequences: (cells in the pool, cells one lease may fill, cells an idle
+        sequence holds). Idle sequences are emptied, least recently used first, while the
+        leases' share and what idle sequences hold would not fit the pool."""
         self.lock = lock
         self._free = threading.Condition(lock)
         self._seq_rm = seq_rm
@@ -64,9 +73,10 @@ class SeqLeases:
         handed over, when that evicts nothing a plain lease would have kept (the giver has no
         owner left, or no sequence is unowned)."""
         with self._free:
-            if not self._free.wait_for(lambda: False in self._busy, timeout=wait):
-                raise EngineBusy(f"all {self.n} KV sequences stayed busy for {wait:g} s "
-                                 f"(n_seq_max={self.n})")
+            if not self._free.wait_for(lambda: self._busy.count(True) < self.max_busy,
+                                       timeout=wait):
+                raise EngineBusy(f"all {self.max_busy} KV sequences stayed busy for {wait:g} s "
+                                 f"(n_seq_max={self.max_busy})")
             self._clock += 1
             if (preferred is not None and 0 <= preferred < self.n
                     and self._owner[preferred] == owner and not self._busy[preferred]):
@@ -87,7 +97,27 @@ class SeqLeases:
                 n = 0
             self._owner[seq] = owner
             self._take(seq)
+            self._make_room()
             return seq, list(prompt[:n]) if prompt is not None else []
+
+    def _make_room(self) -> None:
+        """Empty idle sequences, least recently used first, until every lease's share and
+        what the idle ones hold fit the pool (an overestimate: a copied prefix's cells are
+        counted once per sequence), so a lease never finds the KV cache full."""
+        if self.room is None:
+            return
+        cells, share, held = self.room
+        need = self._busy.count(True) * share()
+        idle = sorted((s for s in range(self.n) if not self._busy[s]), key=self._used.__getitem__)
+        sizes = {s: held(s) for s in idle}
+        total = need + sum(sizes.values())
+        for s in idle:
+            if total <= cells():
+                return
+            if sizes[s]:
+                self._seq_rm(s)
+                self._owner[s], self._holds[s] = None, ()
+                total -= sizes[s]
 
     def _giver(self, idle: list[int], prompt: Sequence[int] | None,
                min_shared: int) -> tuple[int | None, int]:
@@ -113,7 +143,7 @@ class SeqLeases:
     def free(self) -> int:
         """How many sequences are not leased right now."""
         with self.lock:
-            return self._busy.count(False)
+            return self.max_busy - self._busy.count(True)
 
     def release(self, seq_id: int, holds: Sequence[int] | None = None) -> None:
         """End a lease; the sequence keeps its tokens for the owner's next turn. ``holds``:

@@ -177,7 +177,7 @@ class Model(HoldsVocabulary):
     vocab: Vocab
 
     def __init__(self, path: Path, model: Any, ctx: Any, *, n_batch: int,
-                 n_seq_max: int) -> None:
+                 n_seq_max: int, cache_seqs: int = 0) -> None:
         self.path = path
         self._model = model
         self._ctx = ctx
@@ -188,6 +188,10 @@ class Model(HoldsVocabulary):
         """Cells one sequence can hold: n_ctx with a unified KV cache, else its share."""
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
+        """KV sequences leased at once (turns running together)."""
+        self.n_seq_ids = n_seq_max + cache_seqs
+        """Sequence ids of the context: ``n_seq_max`` plus the ``cache_seqs`` that only keep
+        prefixes for later turns."""
         self.n_threads = os.cpu_count() or 1
         self.kv_unified = True
         """One KV pool for every sequence (prefix copies); else a stream per sequence."""
@@ -202,7 +206,7 @@ class Model(HoldsVocabulary):
         self.stats = _Stats()
         self.seq_wait = 60.0
         """Seconds a turn waits for a free KV sequence before ``EngineBusy``."""
-        self._leases = SeqLeases(n_seq_max, self.lock, self.seq_rm)
+        self._leases = SeqLeases(self.n_seq_ids, self.lock, self.seq_rm, max_busy=n_seq_max)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -211,7 +215,8 @@ class Model(HoldsVocabulary):
              kv_unified: bool = False, progress: Callable[[float], object] | None = None,
              n_gpu_layers: int | None = None, main_gpu: int = 0, split_mode: str = "layer",
              tensor_split: Sequence[float] | None = None, flash_attn: bool | None = None,
-             offload_kqv: bool = True, extra_buffer_types: bool | None = None) -> Model:
+             offload_kqv: bool = True, extra_buffer_types: bool | None = None,
+             cache_seqs: int = 0) -> Model:
         """Load a GGUF (``None``: the embedded default model).
 
         Placement (README, "GPU offload"): ``n_gpu_layers`` None offloads every layer when
@@ -227,7 +232,12 @@ class Model(HoldsVocabulary):
         ``n_ctx / n_seq_max`` cells (``n_ctx_seq``), so a conversation's logits do not
         depend on what other sequences hold (docs/running.md, "Reproducibility");
         ``kv_unified=True`` shares one pool of ``n_ctx`` cells and allows prefix copies
-        (``seq_cp``), at the cost of last-bit differences. ``n_threads`` defaults to every
+        (``seq_cp``), at the cost of last-bit differences. ``cache_seqs`` (one pool only)
+        adds sequences that no turn leases: a finished turn's tokens stay in them for later
+        turns to start from (``lease_seq``) after the ``n_seq_max`` leased ones are taken
+        again, so more prompts stay cached than turns run at once; each sequence then keeps
+        to ``n_ctx / n_seq_max`` cells, and idle ones are emptied, least recently used
+        first, before the pool could fill. ``n_threads`` defaults to every
         core. ``progress(fraction)`` is called as the weights load (returning False cancels:
         ``ModelLoadError``). Every parameter is checked (``InvalidParameter``) before
         llama.cpp sees it. Raises ``ModelNotFound`` (default model not installed) or
@@ -239,8 +249,12 @@ class Model(HoldsVocabulary):
         core, or when ``chatkit.llama_cpp`` logs at DEBUG.
         """
         _check_sizes(n_ctx=(n_ctx, MIN_N_CTX, MAX_N_CTX), n_seq_max=(n_seq_max, 1, 256),
+                     cache_seqs=(cache_seqs, 0, 256 - n_seq_max),
                      n_batch=(n_batch, 1, 65536),
                      n_threads=(n_threads if n_threads is not None else 1, 1, 512))
+        if cache_seqs and not kv_unified:
+            raise InvalidParameter("cache_seqs", "needs one KV pool (kv_unified=True): with a "
+                                   "stream per sequence each would take its share of n_ctx")
         resolved = checked_gguf(path)
         info = build_info()
         placement = plan_placement(
@@ -251,11 +265,16 @@ class Model(HoldsVocabulary):
         hook = _Progress(progress) if progress is not None else None
         mparams, pointed = _model_params(info, placement, tensor_split, hook)
         cparams = _context_params(placement, n_ctx=n_ctx, n_batch=n_batch,
-                                  n_seq_max=n_seq_max, threads=threads, kv_unified=kv_unified)
+                                  n_seq_max=n_seq_max + cache_seqs, threads=threads,
+                                  kv_unified=kv_unified)
         made = _made(cls, resolved, *_open(resolved, mparams, cparams, hook),
-                     n_seq_max=n_seq_max)
+                     n_seq_max=n_seq_max, cache_seqs=cache_seqs)
         made.n_threads, made.kv_unified, made.placement = threads, kv_unified, placement
         made._leases.seq_cp = made.seq_cp if made.copies_prefixes else None
+        if cache_seqs:
+            made.n_ctx_seq = made.n_ctx // n_seq_max
+            made._leases.room = (lambda: made.n_ctx, lambda: made.n_ctx_seq,
+                                 lambda seq: made.seq_pos_max(seq) + 1)
         _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d; %s",
                   resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads,
                   placement.reason)
@@ -322,7 +341,7 @@ class Model(HoldsVocabulary):
         if total > self.n_batch:
             raise InvalidParameter("chunks", f"{total} tokens exceed n_batch={self.n_batch}")
         b = self._batch
-        wanted = _fill_batch(b, chunks, self.n_seq_max)
+        wanted = _fill_batch(b, chunks, self.n_seq_ids)
         b.n_tokens = total
         status = run_on_compute(_llama_decode, self._ctx, b)
         if status != 0:
@@ -365,10 +384,14 @@ class Model(HoldsVocabulary):
     @property
     def copies_prefixes(self) -> bool:
         """Whether a prompt prefix can be copied between sequences and read back exactly:
-        one KV pool, full attention (a sliding window may have dropped a sequence's older
-        cells) and no recurrent state (which cannot be copied in part)."""
-        if not self.kv_unified:
-            return False
+        one KV pool and :attr:`keeps_prefixes`."""
+        return self.kv_unified and self.keeps_prefixes
+
+    @property
+    def keeps_prefixes(self) -> bool:
+        """Whether a sequence's prefix stays whole as it grows: full attention (a sliding
+        window may drop a sequence's older cells) and no recurrent state (which cannot be
+        cut back to a prefix)."""
         model = self._model
         return not (llama_cpp.llama_model_n_swa(model) > 0
                     or llama_cpp.llama_model_is_recurrent(model)
@@ -416,7 +439,8 @@ class Model(HoldsVocabulary):
         ``min_shared`` tokens at least, gives it: copied (``copies_prefixes``), or else that
         sequence itself is trimmed and handed over when that evicts nothing a plain lease
         would keep. Routing a request to the cache that shares most of its prompt."""
-        return self._leases.lease(owner, preferred, prompt, min_shared=min_shared,
+        routed = prompt if self.keeps_prefixes else None  # a window may have dropped cells
+        return self._leases.lease(owner, preferred, routed, min_shared=min_shared,
                                   wait=self.seq_wait if wait is None else wait)
 
     def free_seqs(self) -> int:
@@ -438,14 +462,14 @@ def _llama_decode(ctx: Any, batch: Any) -> int:
     return int(llama_cpp.llama_decode(ctx, batch))
 
 
-def _fill_batch(b: Any, chunks: Sequence[SeqChunk], n_seq_max: int) -> list[tuple[int, int]]:
+def _fill_batch(b: Any, chunks: Sequence[SeqChunk], n_seq_ids: int) -> list[tuple[int, int]]:
     """Write the chunks' tokens into llama.cpp's batch ``b``; per chunk, (first batch
     index of its logits rows, rows). ``InvalidParameter`` for a bad sequence id."""
     i = 0
     wanted: list[tuple[int, int]] = []
     for c in chunks:
-        if not 0 <= c.seq_id < n_seq_max:
-            raise InvalidParameter("seq_id", f"{c.seq_id} not in [0, {n_seq_max})")
+        if not 0 <= c.seq_id < n_seq_ids:
+            raise InvalidParameter("seq_id", f"{c.seq_id} not in [0, {n_seq_ids})")
         n = len(c.tokens)
         first_out = i if c.logits == "all" else i + n - 1
         rows = n if c.logits == "all" else (1 if c.logits == "last" and n else 0)
@@ -477,14 +501,14 @@ def _logit_rows(ctx: Any, first: int, rows: int, n_vocab: int) -> NDArray[np.flo
 
 
 def _made(cls: type[Model], path: Path, model: Any, ctx: Any,
-          prebuild: TokenizerPrebuild | None, *, n_seq_max: int) -> Model:
+          prebuild: TokenizerPrebuild | None, *, n_seq_max: int, cache_seqs: int = 0) -> Model:
     """The Model over llama.cpp's model and context (freed here if that fails), with the
     tokenizer built alongside when there is one."""
     try:
         # llama.cpp caps a decode at min(n_ctx, n_batch) tokens (and aborts the process
         # past it): take the context's own figure, so decode() refuses by name first.
         made = cls(path, model, ctx, n_batch=int(llama_cpp.llama_n_batch(ctx)),
-                   n_seq_max=n_seq_max)
+                   n_seq_max=n_seq_max, cache_seqs=cache_seqs)
     except BaseException:
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
