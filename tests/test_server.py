@@ -379,6 +379,27 @@ def test_context_overflow_is_a_400(server: _Running) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
+def test_requests_find_their_prompt_cached_after_other_prompts() -> None:
+    """A finished request's prompt stays in a sequence nobody owns (a cache sequence here):
+    four other prompts later, on two leased sequences, the same prompt is all cached."""
+    model = Model.load(n_ctx=4096, n_seq_max=2, kv_unified=True, cache_seqs=4)
+    try:
+        with _Running(ChatkitServer(model, name=NAME)) as running, openai.OpenAI(
+                base_url=running.base + "/v1", api_key="unused", max_retries=0) as c:
+            def ask(topic: str) -> Any:
+                return c.chat.completions.create(model=NAME, max_tokens=4, temperature=0,
+                    messages=[{"role": "user", "content": f"Tell me about {topic}. " * 6}])
+
+            first = ask("owls")
+            for topic in ("rivers", "bread", "glass", "trains"):
+                ask(topic)
+            again = ask("owls")
+        assert again.usage.prompt_tokens == first.usage.prompt_tokens
+        assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+    finally:
+        model.close()
+
+
 def test_api_key(smol: Model) -> None:
     with _Running(ChatkitServer(smol, name=NAME, api_key=KEY)) as running:
         url = running.base + "/v1/models"

@@ -56,7 +56,7 @@ class SeqLeases:
         ``preferred`` still holds this owner's tokens. Otherwise an unowned sequence, else
         the least recently used idle one, is cleared and handed over. When every sequence
         is busy, waits up to ``wait`` seconds (0: not at all) for a release, then raises
-        ``EngineBusy``."""
+        ``EngineBusy``. (Among unowned sequences an empty one first.)"""
         seq, held = self.lease(owner, preferred, None, wait=wait)
         return seq, held is None
 
@@ -83,7 +83,8 @@ class SeqLeases:
                 self._take(preferred)
                 return preferred, None
             idle = [s for s in range(self.n) if not self._busy[s]]
-            seq = min(idle, key=lambda s: (self._owner[s] is not None, self._used[s]))
+            seq = min(idle, key=lambda s: (self._owner[s] is not None, self._holds[s] != (),
+                                           self._used[s]))
             giver, n = self._giver(idle, prompt, min_shared)
             if giver is not None and giver != seq and self.seq_cp is not None:
                 self._seq_rm(seq)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import threading
+import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..chat.conversation import Conversation
-from ..chat.plan import THINK_BUDGET, common_prefix, plan_completion
+from ..chat.plan import THINK_BUDGET, plan_completion
 from ..chat.scheduler import EngineLoop, Ticket
 from ..chat.turn import KVState, Turn
 from ..decode.options import TurnOptions, check_threshold
@@ -60,27 +60,26 @@ class Lane:
 
 
 class KVPool:
-    """Prefix reuse across requests: each turn borrows the idle KV claim whose tokens share
-    the longest prefix with its prompt (a multi-turn client's next request finds its
-    conversation still in a sequence; ``usage.prompt_tokens_details.cached_tokens``)."""
+    """Requests' KV claims. A request owns its sequence only while it runs: when it ends,
+    the sequence is left to nobody with its tokens recorded (``release_seq``), and the next
+    request's prompt is routed to the idle sequence sharing its longest prefix
+    (``StepEngine.lease_seq``: copied into a free sequence with one KV pool, else that
+    sequence itself), so a multi-turn client's next request finds its conversation and a
+    service's requests find their shared system prompt
+    (``usage.prompt_tokens_details.cached_tokens``)."""
 
-    def __init__(self, size: int) -> None:
-        self._states = [KVState(owner=-(i + 1)) for i in range(size)]
-        self._busy: set[int] = set()
-        self._lock = threading.Lock()
+    FIRST_OWNER = -(1 << 40)
+    """Owner ids count down from here (conversations and scratch leases use others)."""
+
+    def __init__(self, model: StepEngine) -> None:
+        self.model = model
+        self._ids = itertools.count()
 
     def borrow(self, prompt: Sequence[int]) -> KVState:
-        with self._lock:
-            free = [s for s in self._states if s.owner not in self._busy]
-            if not free:  # more turns than claims: a fresh one, not kept afterwards
-                return KVState(owner=-(len(self._states) + 1 + len(self._busy)))
-            best = max(free, key=lambda s: common_prefix(s.tokens, prompt))
-            self._busy.add(best.owner)
-            return best
+        return KVState(owner=self.FIRST_OWNER - next(self._ids))
 
     def give_back(self, state: KVState) -> None:
-        with self._lock:
-            self._busy.discard(state.owner)
+        self.model.release_seq_owner(state.owner)
 
 
 class Lanes:
@@ -93,7 +92,7 @@ class Lanes:
         self.tool_format = tool_format
         self.loop = loop
         self.limits = limits
-        self.kv = KVPool(2 * model.n_seq_max)
+        self.kv = KVPool(model)
 
     def plan_chat(self, req: ChatRequest, lane: int) -> Turn:
         s = req.sampling
