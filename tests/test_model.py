@@ -255,6 +255,21 @@ def test_cache_sequences_are_never_leased_past_n_seq_max_and_make_room() -> None
     assert leases.lease(3, c, [3] * 10, wait=0) == (c, None)
 
 
+def test_a_lease_keeps_free_only_what_it_can_fill() -> None:
+    leases, kv = _leases(4, copies=True)
+    leases.max_busy = 2
+    held = {0: 30, 1: 30}
+    leases.room = (lambda: 100, lambda: 50, lambda seq: held.get(seq, 0))
+    for owner in (1, 2):
+        seq, _ = leases.lease(owner, None, [owner] * 10, wait=0)
+        leases.release(seq, [owner] * 30)
+    kv.calls.clear()
+    # two leases of at most 15 cells beside 60 held: nothing emptied (at 50 each: both)
+    leases.lease(3, None, [3] * 10, wait=0, cells=15)
+    leases.lease(4, None, [4] * 10, wait=0, cells=15)
+    assert kv.calls == [("rm", 2, 0, -1), ("rm", 3, 0, -1)]
+
+
 def test_more_prompts_stay_cached_than_sequences_run() -> None:
     """cache_seqs: prompts of finished turns outlive the leased sequences; the pool never
     overflows, however many distinct prompts come."""

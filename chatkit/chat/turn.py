@@ -190,8 +190,11 @@ class Turn(TurnView):
         engine's default; ``EngineBusy`` when none came free) and reset the processor;
         nothing is evaluated yet."""
         engine = self._engine()
+        # the most it fills: the prompt, the reply and a verify step's drafts past it
+        cells = len(self.plan.prompt) + self.plan.max_tokens + SPEC_K + 1
         self.seq, held = engine.lease_seq(self.kv.owner, self.kv.seq, self.plan.prompt,
-                                          min_shared=MIN_SHARED_PREFIX, wait=wait)
+                                          min_shared=MIN_SHARED_PREFIX, cells=cells,
+                                          wait=wait)
         self.kv.seq = self.seq
         if held is not None:  # not the owner's own tokens: none, or a prefix routed here
             self.kv.tokens = held

@@ -48,6 +48,8 @@ class SeqLeases:
         self._busy = [False] * n
         self._used = [0] * n
         self._holds: list[tuple[int, ...] | None] = [()] * n
+        self._reserved = [0] * n
+        """Cells each lease may fill (0: the engine's share per sequence)."""
         """What each idle sequence holds, as its last lease recorded it (None: not known)."""
         self._clock = 0
 
@@ -61,7 +63,7 @@ class SeqLeases:
         return seq, held is None
 
     def lease(self, owner: int, preferred: int | None, prompt: Sequence[int] | None, *,
-              wait: float, min_shared: int = 1) -> tuple[int, list[int] | None]:
+              wait: float, min_shared: int = 1, cells: int = 0) -> tuple[int, list[int] | None]:
         """As :meth:`acquire`, for a turn that will evaluate ``prompt``: ``(seq_id, held)``,
         ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
         prefix the leased sequence now holds (possibly empty).
@@ -71,7 +73,8 @@ class SeqLeases:
         Where prefixes can be copied, it is copied into the sequence the plain rule picks
         (the giver keeps its tokens); otherwise the giver itself is trimmed to the prefix and
         handed over, when that evicts nothing a plain lease would have kept (the giver has no
-        owner left, or no sequence is unowned)."""
+        owner left, or no sequence is unowned). ``cells``: the most this lease will fill
+        (0: a sequence's whole share), what :meth:`_make_room` keeps free for it."""
         with self._free:
             if not self._free.wait_for(lambda: self._busy.count(True) < self.max_busy,
                                        timeout=wait):
@@ -80,7 +83,8 @@ class SeqLeases:
             self._clock += 1
             if (preferred is not None and 0 <= preferred < self.n
                     and self._owner[preferred] == owner and not self._busy[preferred]):
-                self._take(preferred)
+                self._take(preferred, cells)
+                self._make_room()
                 return preferred, None
             idle = [s for s in range(self.n) if not self._busy[s]]
             seq = min(idle, key=lambda s: (self._owner[s] is not None, self._holds[s] != (),
@@ -97,7 +101,7 @@ class SeqLeases:
                 self._seq_rm(seq)
                 n = 0
             self._owner[seq] = owner
-            self._take(seq)
+            self._take(seq, cells)
             self._make_room()
             return seq, list(prompt[:n]) if prompt is not None else []
 
@@ -108,7 +112,8 @@ class SeqLeases:
         if self.room is None:
             return
         cells, share, held = self.room
-        need = self._busy.count(True) * share()
+        whole = share()
+        need = sum(min(self._reserved[s], whole) or whole for s in range(self.n) if self._busy[s])
         idle = sorted((s for s in range(self.n) if not self._busy[s]), key=self._used.__getitem__)
         sizes = {s: held(s) for s in idle}
         total = need + sum(sizes.values())
@@ -136,8 +141,9 @@ class SeqLeases:
                     best, n = s, k
         return (best, n) if best is not None else (None, 0)
 
-    def _take(self, seq: int) -> None:
+    def _take(self, seq: int, cells: int = 0) -> None:
         self._busy[seq] = True
+        self._reserved[seq] = cells
         self._used[seq] = self._clock
         self._holds[seq] = None  # known again at release
 

@@ -430,7 +430,7 @@ class Model(HoldsVocabulary):
         return self._leases.acquire(owner, preferred, self.seq_wait if wait is None else wait)
 
     def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
-                  min_shared: int = 1, wait: float | None = None
+                  min_shared: int = 1, cells: int = 0, wait: float | None = None
                   ) -> tuple[int, list[int] | None]:
         """As :meth:`acquire_seq`, for a turn that evaluates ``prompt``: ``(seq_id, held)``,
         ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
@@ -438,9 +438,11 @@ class Model(HoldsVocabulary):
         ``release_seq(seq, holds)`` recorded them) share the longest prefix with ``prompt``,
         ``min_shared`` tokens at least, gives it: copied (``copies_prefixes``), or else that
         sequence itself is trimmed and handed over when that evicts nothing a plain lease
-        would keep. Routing a request to the cache that shares most of its prompt."""
+        would keep. Routing a request to the cache that shares most of its prompt.
+        ``cells``: the most the turn will fill (prompt, reply and drafts; 0: ``n_ctx_seq``),
+        which the room kept for cache sequences' prefixes leaves free."""
         routed = prompt if self.keeps_prefixes else None  # a window may have dropped cells
-        return self._leases.lease(owner, preferred, routed, min_shared=min_shared,
+        return self._leases.lease(owner, preferred, routed, min_shared=min_shared, cells=cells,
                                   wait=self.seq_wait if wait is None else wait)
 
     def free_seqs(self) -> int:

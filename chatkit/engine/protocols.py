@@ -146,7 +146,7 @@ class StepEngine(Vocabulary, Protocol):
         ...
 
     def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
-                  min_shared: int = 1, wait: float | None = None
+                  min_shared: int = 1, cells: int = 0, wait: float | None = None
                   ) -> tuple[int, list[int] | None]:
         """Lease a KV sequence for a turn evaluating ``prompt``; ``(seq_id, held)`` where
         held is None when it still holds the owner's tokens, else the prompt prefix it now
