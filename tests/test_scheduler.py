@@ -270,3 +270,44 @@ def test_concurrent_turns_with_one_system_prompt_prefill_it_once() -> None:
         assert model.free_seqs() == model.n_seq_max
     finally:
         model.close()
+
+
+def test_a_cached_prompt_starts_before_a_long_prefill_ends(smol: Model) -> None:
+    """Prefill rows go to the prompt with least left first: a turn whose history is cached
+    gets its first token in the first step, not after another turn's long prefill. Both
+    are submitted while the loop is held (the engine's lock), so they start in one step
+    whatever the machine's speed."""
+    loop = _fresh_stats(smol)
+    greedy = SamplingParams(temperature=0.0)
+    cached = Conversation(smol, system="Answer in one word.", sampling=greedy)
+    cached.send("Is water wet?", max_tokens=2)
+    long = Conversation(smol, sampling=greedy)
+    turns = [long.plan("Summarise: " + "the quick brown fox jumps over the lazy dog. " * 80,
+                       max_tokens=1),
+             cached.plan("Is fire hot?", max_tokens=1)]
+    steps = [0]
+    decode = smol.decode
+
+    def counting(chunks: Any) -> Any:
+        steps[0] += 1
+        return decode(chunks)
+
+    firsts: dict[int, int] = {}
+    smol.decode = counting  # type: ignore[method-assign]
+    try:
+        with smol.lock:  # the loop cannot tick until both wait
+            tickets = [loop.submit(turn) for turn in turns]
+
+        def read(i: int) -> None:
+            for _ in tickets[i].deltas():
+                firsts.setdefault(i, steps[0])
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        del smol.decode
+    assert len(turns[0].plan.prompt) > 20 * 32  # twenty steps of prefill at least
+    assert firsts[1] <= 2 < 15 < firsts[0], firsts

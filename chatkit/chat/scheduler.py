@@ -398,9 +398,14 @@ class EngineLoop:
                     chunks.append(c)
                     owners.append((t, "advance"))
         budget = max(1, min(STEP_ROWS, engine.n_batch) - len(chunks))
-        for t in self._live:
-            if t.state != "prefill" or budget <= 0:
-                continue
+        # The prompt with the least left to evaluate first (a cached one needs one row):
+        # a turn whose prefix was found starts decoding at once instead of waiting behind
+        # other turns' long prefills; a long prompt still gets the rows left each step.
+        waiting = sorted((t for t in self._live if t.state == "prefill"),
+                         key=lambda t: len(t.turn.prompt) - t.pos)
+        for t in waiting:
+            if budget <= 0:
+                break
             prompt = t.turn.prompt
             take = min(budget, len(prompt) - t.pos)
             final = t.pos + take == len(prompt)
