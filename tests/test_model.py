@@ -147,9 +147,14 @@ class _KV:
         self.calls.append(("cp", src, dst, p0, p1))
 
 
-def _leases(n: int, copies: bool) -> tuple[SeqLeases, _KV]:
+def _leases(n: int, copies: bool, held: dict[int, int] | None = None
+            ) -> tuple[SeqLeases, _KV]:
+    """SeqLeases over a recording KV; ``held``: positions each sequence holds (a dict the
+    test updates), when the leases should read them."""
     kv = _KV()
-    return SeqLeases(n, threading.RLock(), kv.rm, kv.cp if copies else None), kv
+    seq_len = None if held is None else (lambda seq: held.get(seq, 0))
+    return SeqLeases(n, threading.RLock(), kv.rm, kv.cp if copies else None,
+                     seq_len=seq_len), kv
 
 
 def test_a_lease_routes_a_prompt_to_the_longest_recorded_prefix() -> None:
@@ -174,6 +179,34 @@ def test_a_lease_routes_a_prompt_to_the_longest_recorded_prefix() -> None:
     leases.release(seq2, [])
     kv.calls.clear()
     assert leases.lease(5, None, prompt[:5] + [1] * 9, wait=0, min_shared=8)[1] == []
+
+
+def test_a_record_longer_than_the_sequence_gives_nothing(caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    prompt = list(range(100, 140))
+    held: dict[int, int] = {}
+    leases, _ = _leases(2, copies=True, held=held)
+    a, _ = leases.lease(1, None, prompt, wait=0)
+    leases.release(a, prompt[:30])
+    held[a] = 12  # the cache holds less than the record says
+    assert leases.lease(2, None, prompt, wait=0, min_shared=8)[1] == []
+    assert "fewer than the 30 tokens recorded" in caplog.text
+
+
+def test_a_sequence_edited_outside_a_lease_gives_nothing(smol: Model) -> None:
+    smol.clear()
+    system = "You are a terse assistant for a hardware store. Answer in one short line. " * 3
+    greedy = SamplingParams(temperature=0.0)
+    Conversation(smol, system=system, sampling=greedy).send("Nails?", max_tokens=2)
+    Conversation(smol, system=system, sampling=greedy).send("Glue?", max_tokens=2)
+    other = smol.tokenize("Tell me about owls. " * 40, special=False)
+    for seq in range(smol.n_seq_ids):  # the low-level API rewrites every idle sequence
+        smol.seq_rm(seq)
+        smol.decode([SeqChunk(seq, 0, other[:256], "none")])
+    others = [Conversation(smol, system=system, sampling=greedy) for _ in range(4)]
+    assert all(c.send("Paint?", max_tokens=2).usage.cached_prompt_tokens == 0
+               for c in others[:2])
+    smol.clear()
 
 
 def test_without_copies_a_prefix_is_handed_over_only_in_place_of_an_eviction() -> None:
@@ -225,10 +258,10 @@ def test_a_new_conversation_starts_from_another_ones_system_prompt(unified: bool
 
 
 def test_cache_sequences_are_never_leased_past_n_seq_max_and_make_room() -> None:
-    leases, kv = _leases(4, copies=True)
-    leases.max_busy = 2
     held: dict[int, int] = {}
-    leases.room = (lambda: 100, lambda: 30, lambda seq: held.get(seq, 0))
+    leases, kv = _leases(4, copies=True, held=held)
+    leases.max_busy = 2
+    leases.room = (lambda: 100, lambda: 30)
     a, _ = leases.lease(1, None, [1] * 10, wait=0)
     b, _ = leases.lease(2, None, [2] * 10, wait=0)
     assert leases.free() == 0
@@ -256,10 +289,10 @@ def test_cache_sequences_are_never_leased_past_n_seq_max_and_make_room() -> None
 
 
 def test_a_lease_keeps_free_only_what_it_can_fill() -> None:
-    leases, kv = _leases(4, copies=True)
-    leases.max_busy = 2
     held = {0: 30, 1: 30}
-    leases.room = (lambda: 100, lambda: 50, lambda seq: held.get(seq, 0))
+    leases, kv = _leases(4, copies=True, held=held)
+    leases.max_busy = 2
+    leases.room = (lambda: 100, lambda: 50)
     for owner in (1, 2):
         seq, _ = leases.lease(owner, None, [owner] * 10, wait=0)
         leases.release(seq, [owner] * 30)

@@ -4,10 +4,13 @@ another owner's prefix: routing by content)."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import EngineBusy
+
+_log = logging.getLogger("chatkit")
 
 __all__: list[str] = []
 
@@ -29,16 +32,22 @@ class SeqLeases:
 
     def __init__(self, n: int, lock: threading.RLock, seq_rm: Callable[..., None],
                  seq_cp: Callable[[int, int, int, int], None] | None = None, *,
-                 max_busy: int | None = None) -> None:
+                 max_busy: int | None = None,
+                 seq_len: Callable[[int], int] | None = None) -> None:
         self.n = n
         self.max_busy = n if max_busy is None else max_busy
         """Leases at once (``n_seq_max``); the other ``n - max_busy`` sequences only keep
         prefixes for later turns (``cache_seqs``), within :attr:`room`."""
-        self.room: tuple[Callable[[], int], Callable[[], int], Callable[[int], int]] | None
-        self.room = None
-        """With cache sequences: (cells in the pool, cells one lease may fill, cells an idle
-        sequence holds). Idle sequences are emptied, least recently used first, while the
-        leases' share and what idle sequences hold would not fit the pool."""
+        self.routes = True
+        """Whether a prompt may start from another sequence's prefix (not where a sliding
+        window or recurrent state keeps no whole prefix)."""
+        self.room: tuple[Callable[[], int], Callable[[], int]] | None = None
+        """With cache sequences: (cells in the pool, cells one lease may fill). Idle
+        sequences are emptied, least recently used first, while the leases' share and what
+        idle sequences hold (``seq_len``) would not fit the pool."""
+        self._seq_len = seq_len
+        """Positions a sequence holds in the KV cache (its highest + 1), read to check a
+        giver's record and to count what idle sequences hold."""
         self.lock = lock
         self._free = threading.Condition(lock)
         self._seq_rm = seq_rm
@@ -109,9 +118,9 @@ class SeqLeases:
         """Empty idle sequences, least recently used first, until every lease's share and
         what the idle ones hold fit the pool (an overestimate: a copied prefix's cells are
         counted once per sequence), so a lease never finds the KV cache full."""
-        if self.room is None:
+        if self.room is None or self._seq_len is None:
             return
-        cells, share, held = self.room
+        (cells, share), held = self.room, self._seq_len
         whole = share()
         need = sum(min(self._reserved[s], whole) or whole for s in range(self.n) if self._busy[s])
         idle = sorted((s for s in range(self.n) if not self._busy[s]), key=self._used.__getitem__)
@@ -130,11 +139,16 @@ class SeqLeases:
         """The idle sequence sharing the longest prefix with ``prompt`` and that length,
         (None, 0) below ``min_shared``; never the whole prompt (its last token is evaluated
         for the first row)."""
-        if prompt is None:
+        if prompt is None or not self.routes:
             return None, 0
         best, n = None, max(0, min_shared - 1)
         for s in idle:
             held = self._holds[s]
+            if held and self._seq_len is not None and self._seq_len(s) < len(held):
+                _log.warning("KV sequence %d holds %d positions, fewer than the %d tokens "
+                             "recorded at its release: not used as a prefix", s,
+                             self._seq_len(s), len(held))
+                self._holds[s] = held = None
             if held:
                 k = min(common_prefix(held, prompt), len(prompt) - 1)
                 if k > n:
@@ -160,6 +174,14 @@ class SeqLeases:
             self._holds[seq_id] = tuple(holds) if holds is not None else None
             self._free.notify_all()
 
+    def touched(self, seqs: Iterable[int]) -> None:
+        """KV edits outside a lease (the low-level API on an idle sequence): its record is
+        no longer known, so it gives no prefix."""
+        with self.lock:
+            for s in seqs:
+                if 0 <= s < self.n and not self._busy[s]:
+                    self._holds[s] = None
+
     def release_owner(self, owner: int) -> None:
         """Forget an owner (it is gone): its idle sequences become free to reuse."""
         with self.lock:
@@ -172,3 +194,53 @@ class SeqLeases:
         with self.lock:
             self._owner = [None] * self.n
             self._holds = [() if not busy else None for busy in self._busy]
+
+
+class LeasesSequences:
+    """The sequence-lease methods of an engine over its :class:`SeqLeases` (``_leases``),
+    waiting up to ``seq_wait`` seconds by default."""
+
+    _leases: SeqLeases
+    seq_wait: float
+
+    def acquire_seq(self, owner: int, preferred: int | None = None, *,
+                    wait: float | None = None) -> tuple[int, bool]:
+        """Lease a KV sequence to ``owner`` (e.g. a conversation's id) for one turn.
+
+        Returns ``(seq_id, kept)``: ``kept`` is True when ``preferred`` still
+        holds this owner's cached tokens. Otherwise an unowned sequence, else
+        the least recently used idle one, is cleared and handed over. When every
+        sequence is busy, waits up to ``wait`` seconds (default ``seq_wait``) for one
+        to be released (other threads' turns keep running meanwhile), then raises
+        ``EngineBusy``; ``wait=0`` does not wait.
+        """
+        return self._leases.acquire(owner, preferred, self.seq_wait if wait is None else wait)
+
+    def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
+                  min_shared: int = 1, cells: int = 0, wait: float | None = None
+                  ) -> tuple[int, list[int] | None]:
+        """As :meth:`acquire_seq`, for a turn that evaluates ``prompt``: ``(seq_id, held)``,
+        ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
+        prefix the sequence now holds. On a miss, the idle sequence whose tokens (as its last
+        ``release_seq(seq, holds)`` recorded them) share the longest prefix with ``prompt``,
+        ``min_shared`` tokens at least, gives it: copied (``copies_prefixes``), or else that
+        sequence itself is trimmed and handed over when that evicts nothing a plain lease
+        would keep. Routing a request to the cache that shares most of its prompt.
+        ``cells``: the most the turn will fill (prompt, reply and drafts; 0: ``n_ctx_seq``),
+        which the room kept for cache sequences' prefixes leaves free."""
+        return self._leases.lease(owner, preferred, prompt, min_shared=min_shared, cells=cells,
+                                  wait=self.seq_wait if wait is None else wait)
+
+    def free_seqs(self) -> int:
+        """How many KV sequences are not leased right now."""
+        return self._leases.free()
+
+    def release_seq(self, seq_id: int, holds: Sequence[int] | None = None) -> None:
+        """End a lease; the sequence keeps its tokens for the owner's next turn. ``holds``:
+        exactly the tokens it holds now, which lets another owner's turn start from them
+        (``lease_seq``); None when not known."""
+        self._leases.release(seq_id, holds)
+
+    def release_seq_owner(self, owner: int) -> None:
+        """Forget an owner (it is gone): its sequences become free to reuse."""
+        self._leases.release_owner(owner)

@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from ..errors import DecodeError, InvalidParameter, ModelLoadError
 from .backends import SPLIT_MODES, BuildInfo, Placement, plan_placement
 from .compute import run_on_compute
-from .kvseqs import SeqLeases
+from .kvseqs import LeasesSequences, SeqLeases
 from .llama_log import build_info, forget_lines, last_error
 from .llg_prebuild import TokenizerPrebuild
 from .lowlevel import llama_cpp
@@ -82,6 +82,9 @@ def _check_sizes(**sizes: tuple[int | None, int, int]) -> None:
     for name, (value, low, high) in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidParameter(name, f"must be an integer, got {value!r}")
+        if name == "cache_seqs" and value and not high:
+            raise InvalidParameter(name, "needs one KV pool (kv_unified=True): with a stream "
+                                   "per sequence each would take its share of n_ctx")
         if not low <= value <= high:
             raise InvalidParameter(name, f"must be in [{low}, {high}], got {value}")
 
@@ -166,7 +169,7 @@ def _open(path: Path, mparams: Any, cparams: Any,
     return model, ctx, None
 
 
-class Model(HoldsVocabulary):
+class Model(LeasesSequences, HoldsVocabulary):
     """A loaded GGUF with one llama.cpp context and ``n_seq_max`` KV sequences.
 
     Create with :meth:`Model.load`. Its vocabulary (``vocab``) gives the vocabulary size
@@ -177,7 +180,7 @@ class Model(HoldsVocabulary):
     vocab: Vocab
 
     def __init__(self, path: Path, model: Any, ctx: Any, *, n_batch: int,
-                 n_seq_max: int, cache_seqs: int = 0) -> None:
+                 n_seq_max: int, cache_seqs: int = 0, kv_unified: bool = True) -> None:
         self.path = path
         self._model = model
         self._ctx = ctx
@@ -193,7 +196,7 @@ class Model(HoldsVocabulary):
         """Sequence ids of the context: ``n_seq_max`` plus the ``cache_seqs`` that only keep
         prefixes for later turns."""
         self.n_threads = os.cpu_count() or 1
-        self.kv_unified = True
+        self.kv_unified = kv_unified
         """One KV pool for every sequence (prefix copies); else a stream per sequence."""
         self.placement = Placement(n_gpu_layers=0, on_gpu=False, main_gpu=0,
                                    split_mode="layer", flash_attn=None, offload_kqv=True,
@@ -206,7 +209,13 @@ class Model(HoldsVocabulary):
         self.stats = _Stats()
         self.seq_wait = 60.0
         """Seconds a turn waits for a free KV sequence before ``EngineBusy``."""
-        self._leases = SeqLeases(self.n_seq_ids, self.lock, self.seq_rm, max_busy=n_seq_max)
+        self._leases = SeqLeases(self.n_seq_ids, self.lock, self.seq_rm,
+                                 self.seq_cp if self.copies_prefixes else None,
+                                 max_busy=n_seq_max, seq_len=lambda s: self.seq_pos_max(s) + 1)
+        self._leases.routes = self.keeps_prefixes  # a window may have dropped older cells
+        if cache_seqs:  # each lease keeps to its share; idle prefixes fill the rest
+            self.n_ctx_seq = self.n_ctx // n_seq_max
+            self._leases.room = (lambda: self.n_ctx, lambda: self.n_ctx_seq)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -232,13 +241,11 @@ class Model(HoldsVocabulary):
         ``n_ctx / n_seq_max`` cells (``n_ctx_seq``), so a conversation's logits do not
         depend on what other sequences hold (docs/running.md, "Reproducibility");
         ``kv_unified=True`` shares one pool of ``n_ctx`` cells and allows prefix copies
-        (``seq_cp``), at the cost of last-bit differences. ``cache_seqs`` (one pool only)
-        adds sequences that no turn leases: a finished turn's tokens stay in them for later
-        turns to start from (``lease_seq``) after the ``n_seq_max`` leased ones are taken
-        again, so more prompts stay cached than turns run at once; each sequence then keeps
-        to ``n_ctx / n_seq_max`` cells, and idle ones are emptied, least recently used
-        first, before the pool could fill. ``n_threads`` defaults to every
-        core. ``progress(fraction)`` is called as the weights load (returning False cancels:
+        (``seq_cp``), at the cost of last-bit differences. ``cache_seqs`` (one pool only):
+        sequence ids past ``n_seq_max`` that keep finished turns' prefixes (``lease_seq``);
+        each lease then keeps to ``n_ctx / n_seq_max`` cells and idle sequences are emptied,
+        least recently used first, before the pool could fill. ``n_threads``: every core.
+        ``progress(fraction)`` is called as the weights load (returning False cancels:
         ``ModelLoadError``). Every parameter is checked (``InvalidParameter``) before
         llama.cpp sees it. Raises ``ModelNotFound`` (default model not installed) or
         ``ModelLoadError`` (missing, unreadable or corrupt file).
@@ -249,12 +256,9 @@ class Model(HoldsVocabulary):
         core, or when ``chatkit.llama_cpp`` logs at DEBUG.
         """
         _check_sizes(n_ctx=(n_ctx, MIN_N_CTX, MAX_N_CTX), n_seq_max=(n_seq_max, 1, 256),
-                     cache_seqs=(cache_seqs, 0, 256 - n_seq_max),
+                     cache_seqs=(cache_seqs, 0, 256 - n_seq_max if kv_unified else 0),
                      n_batch=(n_batch, 1, 65536),
                      n_threads=(n_threads if n_threads is not None else 1, 1, 512))
-        if cache_seqs and not kv_unified:
-            raise InvalidParameter("cache_seqs", "needs one KV pool (kv_unified=True): with a "
-                                   "stream per sequence each would take its share of n_ctx")
         resolved = checked_gguf(path)
         info = build_info()
         placement = plan_placement(
@@ -268,13 +272,8 @@ class Model(HoldsVocabulary):
                                   n_seq_max=n_seq_max + cache_seqs, threads=threads,
                                   kv_unified=kv_unified)
         made = _made(cls, resolved, *_open(resolved, mparams, cparams, hook),
-                     n_seq_max=n_seq_max, cache_seqs=cache_seqs)
-        made.n_threads, made.kv_unified, made.placement = threads, kv_unified, placement
-        made._leases.seq_cp = made.seq_cp if made.copies_prefixes else None
-        if cache_seqs:
-            made.n_ctx_seq = made.n_ctx // n_seq_max
-            made._leases.room = (lambda: made.n_ctx, lambda: made.n_ctx_seq,
-                                 lambda seq: made.seq_pos_max(seq) + 1)
+                     n_seq_max=n_seq_max, cache_seqs=cache_seqs, kv_unified=kv_unified)
+        made.n_threads, made.placement = threads, placement
         _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d; %s",
                   resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads,
                   placement.reason)
@@ -342,6 +341,7 @@ class Model(HoldsVocabulary):
             raise InvalidParameter("chunks", f"{total} tokens exceed n_batch={self.n_batch}")
         b = self._batch
         wanted = _fill_batch(b, chunks, self.n_seq_ids)
+        self._leases.touched(c.seq_id for c in chunks)
         b.n_tokens = total
         status = run_on_compute(_llama_decode, self._ctx, b)
         if status != 0:
@@ -378,6 +378,7 @@ class Model(HoldsVocabulary):
     # -------------------------------------------------------------- KV cache
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Remove positions [p0, p1) of a sequence (p1=-1: to the end)."""
+        self._leases.touched((seq_id,))
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
             raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
 
@@ -404,6 +405,7 @@ class Model(HoldsVocabulary):
         between per-sequence streams, so that is ``InvalidParameter`` here."""
         if not self.kv_unified:
             raise InvalidParameter("seq_cp", "needs a unified KV cache (kv_unified=True)")
+        self._leases.touched((dst,))
         llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_pos_max(self, seq_id: int) -> int:
@@ -414,50 +416,6 @@ class Model(HoldsVocabulary):
         """Drop every sequence from the KV cache (and forget their owners)."""
         llama_cpp.llama_memory_clear(self._mem, True)
         self._leases.forget_owners()
-
-    # ------------------------------------------------------ sequence leases
-    def acquire_seq(self, owner: int, preferred: int | None = None, *,
-                    wait: float | None = None) -> tuple[int, bool]:
-        """Lease a KV sequence to ``owner`` (e.g. a conversation's id) for one turn.
-
-        Returns ``(seq_id, kept)``: ``kept`` is True when ``preferred`` still
-        holds this owner's cached tokens. Otherwise an unowned sequence, else
-        the least recently used idle one, is cleared and handed over. When every
-        sequence is busy, waits up to ``wait`` seconds (default ``seq_wait``) for one
-        to be released (other threads' turns keep running meanwhile), then raises
-        ``EngineBusy``; ``wait=0`` does not wait.
-        """
-        return self._leases.acquire(owner, preferred, self.seq_wait if wait is None else wait)
-
-    def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
-                  min_shared: int = 1, cells: int = 0, wait: float | None = None
-                  ) -> tuple[int, list[int] | None]:
-        """As :meth:`acquire_seq`, for a turn that evaluates ``prompt``: ``(seq_id, held)``,
-        ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
-        prefix the sequence now holds. On a miss, the idle sequence whose tokens (as its last
-        ``release_seq(seq, holds)`` recorded them) share the longest prefix with ``prompt``,
-        ``min_shared`` tokens at least, gives it: copied (``copies_prefixes``), or else that
-        sequence itself is trimmed and handed over when that evicts nothing a plain lease
-        would keep. Routing a request to the cache that shares most of its prompt.
-        ``cells``: the most the turn will fill (prompt, reply and drafts; 0: ``n_ctx_seq``),
-        which the room kept for cache sequences' prefixes leaves free."""
-        routed = prompt if self.keeps_prefixes else None  # a window may have dropped cells
-        return self._leases.lease(owner, preferred, routed, min_shared=min_shared, cells=cells,
-                                  wait=self.seq_wait if wait is None else wait)
-
-    def free_seqs(self) -> int:
-        """How many KV sequences are not leased right now."""
-        return self._leases.free()
-
-    def release_seq(self, seq_id: int, holds: Sequence[int] | None = None) -> None:
-        """End a lease; the sequence keeps its tokens for the owner's next turn. ``holds``:
-        exactly the tokens it holds now, which lets another owner's turn start from them
-        (``lease_seq``); None when not known."""
-        self._leases.release(seq_id, holds)
-
-    def release_seq_owner(self, owner: int) -> None:
-        """Forget an owner (it is gone): its sequences become free to reuse."""
-        self._leases.release_owner(owner)
 
 
 def _llama_decode(ctx: Any, batch: Any) -> int:
@@ -503,14 +461,15 @@ def _logit_rows(ctx: Any, first: int, rows: int, n_vocab: int) -> NDArray[np.flo
 
 
 def _made(cls: type[Model], path: Path, model: Any, ctx: Any,
-          prebuild: TokenizerPrebuild | None, *, n_seq_max: int, cache_seqs: int = 0) -> Model:
+          prebuild: TokenizerPrebuild | None, *, n_seq_max: int, cache_seqs: int = 0,
+          kv_unified: bool = True) -> Model:
     """The Model over llama.cpp's model and context (freed here if that fails), with the
     tokenizer built alongside when there is one."""
     try:
         # llama.cpp caps a decode at min(n_ctx, n_batch) tokens (and aborts the process
         # past it): take the context's own figure, so decode() refuses by name first.
         made = cls(path, model, ctx, n_batch=int(llama_cpp.llama_n_batch(ctx)),
-                   n_seq_max=n_seq_max, cache_seqs=cache_seqs)
+                   n_seq_max=n_seq_max, cache_seqs=cache_seqs, kv_unified=kv_unified)
     except BaseException:
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
