@@ -341,7 +341,8 @@ def _serve(args: argparse.Namespace) -> int:
     template = _serve_template(args)
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq
     cache_seqs = (args.cache_seqs if args.cache_seqs is not None  # refused by name beside
-                  else 0 if args.reproducible else args.n_seq_max)  # --reproducible
+                  else 0 if args.reproducible  # --reproducible; else as many as fit
+                  else min(args.n_seq_max, max(0, 256 - args.n_seq_max)))
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
                        kv_unified=not args.reproducible, cache_seqs=cache_seqs,

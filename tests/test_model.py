@@ -181,7 +181,7 @@ def test_a_lease_routes_a_prompt_to_the_longest_recorded_prefix() -> None:
     assert leases.lease(5, None, prompt[:5] + [1] * 9, wait=0, min_shared=8)[1] == []
 
 
-def test_a_record_longer_than_the_sequence_gives_nothing(caplog: pytest.LogCaptureFixture
+def test_a_record_unlike_the_sequence_gives_nothing(caplog: pytest.LogCaptureFixture
                                                          ) -> None:
     prompt = list(range(100, 140))
     held: dict[int, int] = {}
@@ -190,7 +190,10 @@ def test_a_record_longer_than_the_sequence_gives_nothing(caplog: pytest.LogCaptu
     leases.release(a, prompt[:30])
     held[a] = 12  # the cache holds less than the record says
     assert leases.lease(2, None, prompt, wait=0, min_shared=8)[1] == []
-    assert "fewer than the 30 tokens recorded" in caplog.text
+    assert "not the 30 tokens recorded" in caplog.text
+    leases.release(a, prompt[:30])
+    held[a] = 90  # more than the record: tokens past it may be anyone's
+    assert leases.lease(3, None, prompt, wait=0, min_shared=8)[1] == []
 
 
 def test_a_sequence_edited_outside_a_lease_gives_nothing(smol: Model) -> None:

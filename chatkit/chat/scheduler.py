@@ -80,6 +80,8 @@ class Ticket:
         self.share = 0
         """State ``share``: the prompt prefix this turn copies from ``lead``'s sequence once
         ``lead`` has evaluated it."""
+        self.passed_over = 0
+        """Steps in a row this prefilling turn got no rows (its priority grows with it)."""
         self._events: deque[Event] = deque()
         self._cond = threading.Condition()
         self._waker: Callable[[], None] | None = None
@@ -400,12 +402,15 @@ class EngineLoop:
         budget = max(1, min(STEP_ROWS, engine.n_batch) - len(chunks))
         # The prompt with the least left to evaluate first (a cached one needs one row):
         # a turn whose prefix was found starts decoding at once instead of waiting behind
-        # other turns' long prefills; a long prompt still gets the rows left each step.
+        # other turns' long prefills. A step's worth of rows is credited for every step a
+        # turn got none, so a long prompt is never starved by a stream of short ones.
         waiting = sorted((t for t in self._live if t.state == "prefill"),
-                         key=lambda t: len(t.turn.prompt) - t.pos)
+                         key=lambda t: len(t.turn.prompt) - t.pos - STEP_ROWS * t.passed_over)
         for t in waiting:
             if budget <= 0:
-                break
+                t.passed_over += 1
+                continue
+            t.passed_over = 0
             prompt = t.turn.prompt
             take = min(budget, len(prompt) - t.pos)
             final = t.pos + take == len(prompt)

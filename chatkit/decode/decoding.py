@@ -118,7 +118,7 @@ class Decoder:
         self.stop_token: int | None = None
         self._pending: int | None = None  # sampled, not yet evaluated
         self._evaluated = 0  # reply tokens in the KV cache
-        self._held = len(self.prompt)  # prompt tokens in the KV cache (less mid-prefill)
+        self._held = self.reuse  # prompt tokens in the KV cache (all once prefilled)
         self.on_first: Callable[[Logits], None] | None = None
         """Sees the first row before its token is sampled (and may change the sampler's
         processor: ``tool_choice="auto"`` decided by threshold)."""

@@ -121,8 +121,9 @@ class SeqLeases:
         if self.room is None or self._seq_len is None:
             return
         (cells, share), held = self.room, self._seq_len
-        whole = share()
-        need = sum(min(self._reserved[s], whole) or whole for s in range(self.n) if self._busy[s])
+        whole = share()  # a lease counts at its reservation, or what it still holds if more
+        need = sum(max(min(self._reserved[s], whole) or whole, held(s))
+                   for s in range(self.n) if self._busy[s])
         idle = sorted((s for s in range(self.n) if not self._busy[s]), key=self._used.__getitem__)
         sizes = {s: held(s) for s in idle}
         total = need + sum(sizes.values())
@@ -144,10 +145,10 @@ class SeqLeases:
         best, n = None, max(0, min_shared - 1)
         for s in idle:
             held = self._holds[s]
-            if held and self._seq_len is not None and self._seq_len(s) < len(held):
-                _log.warning("KV sequence %d holds %d positions, fewer than the %d tokens "
-                             "recorded at its release: not used as a prefix", s,
-                             self._seq_len(s), len(held))
+            if held and self._seq_len is not None and self._seq_len(s) != len(held):
+                _log.warning("KV sequence %d holds %d positions, not the %d tokens recorded "
+                             "at its release: not used as a prefix", s, self._seq_len(s),
+                             len(held))
                 self._holds[s] = held = None
             if held:
                 k = min(common_prefix(held, prompt), len(prompt) - 1)

@@ -82,11 +82,17 @@ def _check_sizes(**sizes: tuple[int | None, int, int]) -> None:
     for name, (value, low, high) in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidParameter(name, f"must be an integer, got {value!r}")
-        if name == "cache_seqs" and value and not high:
-            raise InvalidParameter(name, "needs one KV pool (kv_unified=True): with a stream "
-                                   "per sequence each would take its share of n_ctx")
         if not low <= value <= high:
             raise InvalidParameter(name, f"must be in [{low}, {high}], got {value}")
+
+
+def _check_cache_seqs(cache_seqs: int, n_seq_max: int, kv_unified: bool) -> None:
+    """``InvalidParameter`` unless ``cache_seqs`` fits beside ``n_seq_max`` in llama.cpp's
+    256 sequence ids, and only with one KV pool."""
+    _check_sizes(cache_seqs=(cache_seqs, 0, 256 - n_seq_max))
+    if cache_seqs and not kv_unified:
+        raise InvalidParameter("cache_seqs", "needs one KV pool (kv_unified=True): with a "
+                               "stream per sequence each would take its share of n_ctx")
 
 
 def _model_params(info: BuildInfo, placement: Placement, tensor_split: Sequence[float] | None,
@@ -256,9 +262,9 @@ class Model(LeasesSequences, HoldsVocabulary):
         core, or when ``chatkit.llama_cpp`` logs at DEBUG.
         """
         _check_sizes(n_ctx=(n_ctx, MIN_N_CTX, MAX_N_CTX), n_seq_max=(n_seq_max, 1, 256),
-                     cache_seqs=(cache_seqs, 0, 256 - n_seq_max if kv_unified else 0),
                      n_batch=(n_batch, 1, 65536),
                      n_threads=(n_threads if n_threads is not None else 1, 1, 512))
+        _check_cache_seqs(cache_seqs, n_seq_max, kv_unified)
         resolved = checked_gguf(path)
         info = build_info()
         placement = plan_placement(
