@@ -400,25 +400,7 @@ class EngineLoop:
                     chunks.append(c)
                     owners.append((t, "advance"))
         budget = max(1, min(STEP_ROWS, engine.n_batch) - len(chunks))
-        # The prompt with the least left to evaluate first (a cached one needs one row):
-        # a turn whose prefix was found starts decoding at once instead of waiting behind
-        # other turns' long prefills. A step's worth of rows is credited for every step a
-        # turn got none, so a long prompt is never starved by a stream of short ones.
-        waiting = sorted((t for t in self._live if t.state == "prefill"),
-                         key=lambda t: len(t.turn.prompt) - t.pos - STEP_ROWS * t.passed_over)
-        for t in waiting:
-            if budget <= 0:
-                t.passed_over += 1
-                continue
-            t.passed_over = 0
-            prompt = t.turn.prompt
-            take = min(budget, len(prompt) - t.pos)
-            final = t.pos + take == len(prompt)
-            chunks.append(SeqChunk(t.turn.seq_id, t.pos, prompt[t.pos : t.pos + take],
-                                   "last" if final else "none"))
-            owners.append((t, "first" if final else "none"))
-            t.pos += take
-            budget -= take
+        _prefill_rows(self._live, budget, chunks, owners)
         if not chunks:
             return
         with engine.lock:
@@ -468,6 +450,30 @@ class EngineLoop:
                 t.post("delta", tail)
             t.post("reply", reply)
             self._close(t)
+
+
+def _prefill_rows(live: list[Ticket], budget: int, chunks: list[SeqChunk],
+                  owners: list[tuple[Ticket, Literal["advance", "first", "none"]]]) -> None:
+    """Fill ``budget`` rows with prompt chunks: the prompt with the least left to evaluate
+    first (a cached one needs one row), so a turn whose prefix was found starts decoding at
+    once instead of waiting behind other turns' long prefills. A step's worth of rows is
+    credited for every step a turn got none, so a long prompt is never starved by a stream
+    of short ones."""
+    waiting = sorted((t for t in live if t.state == "prefill"),
+                     key=lambda t: len(t.turn.prompt) - t.pos - STEP_ROWS * t.passed_over)
+    for t in waiting:
+        if budget <= 0:
+            t.passed_over += 1
+            continue
+        t.passed_over = 0
+        prompt = t.turn.prompt
+        take = min(budget, len(prompt) - t.pos)
+        final = t.pos + take == len(prompt)
+        chunks.append(SeqChunk(t.turn.seq_id, t.pos, prompt[t.pos : t.pos + take],
+                               "last" if final else "none"))
+        owners.append((t, "first" if final else "none"))
+        t.pos += take
+        budget -= take
 
 
 # ------------------------------------------------- prompt prefixes shared
