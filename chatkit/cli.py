@@ -360,24 +360,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(value: str) -> int:
+def _int_at_least(value: str, low: int) -> int:
     try:
         n = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    if n < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}: {value}")
     return n
+
+
+def _positive_int(value: str) -> int:
+    return _int_at_least(value, 1)
 
 
 def _non_negative_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {value}")
-    return n
+    return _int_at_least(value, 0)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ signatures). Where the package is already imported, its own bindings module is u
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -52,6 +53,7 @@ def submodule(name: str) -> Any:
             del sys.modules[PACKAGE]
 
 
+@functools.cache
 def version() -> str:
     """llama-cpp-python's version, as its package's ``__version__`` says (read from the
     ``__init__`` file's text when the package was not imported)."""
