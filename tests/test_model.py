@@ -181,6 +181,28 @@ def test_a_lease_routes_a_prompt_to_the_longest_recorded_prefix() -> None:
     assert leases.lease(5, None, prompt[:5] + [1] * 9, wait=0, min_shared=8)[1] == []
 
 
+def test_a_prompt_cached_whole_takes_its_giver_and_empties_nothing() -> None:
+    """A repeated prompt (a server's one-off owners) is served from the sequence holding it,
+    trimmed past the prompt: copying it would empty another idle sequence, and with more
+    distinct prompts than sequences each repeat would push one out (an LRU cliff)."""
+    prompts = [[k] * 12 + list(range(k * 100, k * 100 + 20)) for k in range(1, 4)]
+    leases, kv = _leases(4, copies=True)  # one sequence left empty
+    for owner, p in enumerate(prompts):
+        seq, _ = leases.lease(owner, None, p, wait=0)
+        leases.release(seq, [*p, 7, 7])  # the prompt and its reply
+        leases.release_owner(owner)
+    kv.calls.clear()
+    seq, held = leases.lease(9, None, prompts[0], wait=0, min_shared=8)
+    assert held == prompts[0][:-1] and seq == 0
+    assert kv.calls == [("rm", 0, len(prompts[0]) - 1, -1)]  # the old reply trimmed, no copy
+    # a prefix only (another user text after a shared head) is still copied: the giver keeps
+    # its own whole prompt for its next repeat
+    kv.calls.clear()
+    seq, held = leases.lease(10, None, [*prompts[1][:20], 5, 5, 5], wait=0, min_shared=8)
+    assert held == prompts[1][:20] and seq == 3
+    assert kv.calls == [("rm", 3, 0, -1), ("cp", 1, 3, 0, 20)]
+
+
 def test_a_record_unlike_the_sequence_gives_nothing(caplog: pytest.LogCaptureFixture
                                                          ) -> None:
     prompt = list(range(100, 140))

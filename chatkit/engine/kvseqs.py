@@ -79,7 +79,9 @@ class SeqLeases:
 
         On a miss the prompt is routed by content: the idle sequence whose recorded tokens
         share the longest prefix with it (``min_shared`` tokens at least) gives that prefix.
-        Where prefixes can be copied, it is copied into the sequence the plain rule picks
+        A giver holding the whole prompt, and owned by nobody, is itself leased, trimmed past
+        the prompt (a repeated request then empties no other sequence). Otherwise, where
+        prefixes can be copied, the prefix is copied into the sequence the plain rule picks
         (the giver keeps its tokens); otherwise the giver itself is trimmed to the prefix and
         handed over, when that evicts nothing a plain lease would have kept (the giver has no
         owner left, or no sequence is unowned). ``cells``: the most this lease will fill
@@ -99,6 +101,9 @@ class SeqLeases:
             seq = min(idle, key=lambda s: (self._owner[s] is not None, self._holds[s] != (),
                                            self._used[s]))
             giver, n = self._giver(idle, prompt, min_shared)
+            if (giver is not None and prompt is not None and n == len(prompt) - 1
+                    and self._owner[giver] is None):
+                seq = giver  # the whole prompt is cached: no copy, no sequence emptied for it
             if giver is not None and giver != seq and self.seq_cp is not None:
                 self._seq_rm(seq)
                 self.seq_cp(giver, seq, 0, n)
