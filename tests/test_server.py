@@ -115,6 +115,45 @@ def test_parse_returns_a_validated_instance(client: Any) -> None:
     assert r.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.bitwise  # verify chunks against one token at a time, short contexts
+def test_speculative_server_answers_as_the_plain_one(smol: Model, client: Any) -> None:
+    """``--speculative``: the schema's forced spans are verified in the loop's steps (chunks
+    with a row per token), and each reply is the plain server's, streamed or not."""
+    requests = [dict(response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "schema": Person.model_json_schema()}}, messages=[
+            {"role": "user", "content": "Invent a person."}]),
+        dict(tools=[WEATHER], tool_choice="required", messages=[
+            {"role": "user", "content": "Weather in Oslo?"}])]
+    plain = [client.chat.completions.create(model=NAME, temperature=0, max_tokens=120, **r)
+             for r in requests]
+    verify_rows: list[int] = []
+    decode = smol.decode
+
+    def recording(chunks: Any) -> Any:
+        verify_rows.extend(len(c.tokens) for c in chunks if c.logits == "all")
+        return decode(chunks)
+
+    limits = ServerLimits(max_tokens=512, speculative=True)
+    smol.decode = recording  # type: ignore[method-assign]
+    try:
+        with _Running(ChatkitServer(smol, name=NAME, limits=limits)) as running, \
+                openai.OpenAI(base_url=running.base + "/v1", api_key="x", max_retries=0) as c:
+            spec = [c.chat.completions.create(model=NAME, temperature=0, max_tokens=120, **r)
+                    for r in requests]
+            streamed = "".join(
+                ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+                    model=NAME, temperature=0, max_tokens=120, stream=True, **requests[0]))
+    finally:
+        del smol.decode
+    assert verify_rows and max(verify_rows) > 1
+    assert spec[0].choices[0].message.content == plain[0].choices[0].message.content
+    assert streamed == plain[0].choices[0].message.content
+    Person.model_validate_json(streamed)
+    got, want = spec[1].choices[0].message.tool_calls, plain[1].choices[0].message.tool_calls
+    assert got and [(t.function.name, t.function.arguments) for t in got] == [
+        (t.function.name, t.function.arguments) for t in want]
+
+
 @pytest.mark.parametrize("fmt", [
     {"type": "json_object", "schema": Person.model_json_schema()},
     {"type": "json_schema", "json_schema": {"name": "p", "strict": True,

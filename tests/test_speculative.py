@@ -266,3 +266,39 @@ def test_cli_speculative_flag() -> None:
                            capture_output=True, text=True, timeout=120, check=True).stdout
             for flag in ([], ["--speculative"])]
     assert json.loads(outs[0]) == json.loads(outs[1])
+
+
+@pytest.mark.bitwise  # verify chunks against one token at a time, short contexts
+def test_speculative_turns_verify_inside_the_engine_loops_steps(smol: Model) -> None:
+    """The engine loop (``chatkit serve``) runs speculative turns' verify chunks in its
+    batched steps: several turns' drafts in one forward pass, each reply the plain one."""
+    from chatkit import Conversation, engine_loop
+    from chatkit.chat.turn import SPEC_K
+    from tests.helpers import VERDICT_MAX_TOKENS, Verdict
+
+    prompts = ["Judge: the moon is cheese.", "Judge: water is wet.", "Judge: cats bark."]
+    plain = [Conversation(smol).send(p, schema=Verdict, max_tokens=VERDICT_MAX_TOKENS).text
+             for p in prompts]
+    loop = engine_loop(smol)
+    steps_before, shared_before = loop.stats.steps, loop.stats.shared_steps
+    rows = []
+    decode = smol.decode
+
+    def recording(chunks: Any) -> Any:
+        rows.append(sum(len(c.tokens) for c in chunks if c.logits == "all"))
+        return decode(chunks)
+
+    smol.decode = recording  # type: ignore[method-assign]
+    try:
+        turns = [Conversation(smol).plan(p, Verdict, max_tokens=VERDICT_MAX_TOKENS,
+                                         speculative=True) for p in prompts]
+        with smol.lock:  # all three start together
+            tickets = [loop.submit(turn) for turn in turns]
+        texts = ["".join(t.deltas()) for t in tickets]
+    finally:
+        del smol.decode
+    assert texts == plain
+    assert all(t.reply is not None and t.reply.usage.accepted_draft_tokens > 0
+               for t in tickets)
+    assert max(rows) > 1 + SPEC_K  # two turns' verify chunks (<= 1 + SPEC_K rows) in one step
+    assert loop.stats.shared_steps > shared_before and loop.stats.steps > steps_before

@@ -57,9 +57,16 @@ _log = logging.getLogger("chatkit")
 
 DEFAULT_MAX_QUEUE = 256
 STEP_ROWS = SAFE_PREFILL_CHUNK
-"""Rows per forward pass the loop aims for: decode rows first, prefill in the rest."""
+"""Rows per forward pass the loop aims for: decode rows first (a speculative turn's drafts in
+what one row per decoding turn leaves, half of it while a prompt waits), prefill in the
+rest."""
 
 Event = tuple[Literal["delta", "reply", "error", "closed"], Any]
+
+
+RowKind = Literal["advance", "verify", "first", "none"]
+"""What a step's chunk is to its turn: a decode step, a verify step (rows for a draft), the
+prompt's last chunk (sample the first token), or a prompt chunk without logits."""
 
 
 class Ticket:
@@ -392,14 +399,21 @@ class EngineLoop:
     def _step(self) -> None:
         engine = self.engine
         chunks: list[SeqChunk] = []
-        owners: list[tuple[Ticket, Literal["advance", "first", "none"]]] = []
-        for t in self._live:
-            if t.state == "decode":
-                c = t.turn.chunk()
-                if c is not None:
-                    chunks.append(c)
-                    owners.append((t, "advance"))
-        budget = max(1, min(STEP_ROWS, engine.n_batch) - len(chunks))
+        owners: list[tuple[Ticket, RowKind]] = []
+        room = min(STEP_ROWS, engine.n_batch)
+        decoding = [t for t in self._live if t.state == "decode"]
+        # draft rows (speculative turns) take what one row per decoding turn leaves, half of
+        # it while a prompt waits for rows
+        drafts = max(0, room - len(decoding))
+        if any(t.state == "prefill" for t in self._live):
+            drafts //= 2
+        for t in decoding:
+            c = t.turn.chunk(max_draft=drafts)
+            if c is not None:
+                chunks.append(c)
+                owners.append((t, "verify" if c.logits == "all" else "advance"))
+                drafts -= len(c.tokens) - 1
+        budget = max(1, room - sum(len(c.tokens) for c in chunks))
         _prefill_rows(self._live, budget, chunks, owners)
         if not chunks:
             return
@@ -416,7 +430,7 @@ class EngineLoop:
             self.stats.max_rows = max(self.stats.max_rows, rows_now)
             if len({id(t) for t, _ in owners}) > 1:
                 self.stats.shared_steps += 1
-            kinds = {kind for _, kind in owners}
+            kinds = {"advance" if kind == "verify" else kind for _, kind in owners}
             if "advance" in kinds and kinds - {"advance"}:
                 self.stats.mixed_steps += 1
             for (t, kind), row, chunk in zip(owners, rows, chunks, strict=True):
@@ -427,6 +441,8 @@ class EngineLoop:
                     if kind == "first":
                         t.state = "decode"
                         delta = t.turn.first(row[0])
+                    elif kind == "verify":
+                        delta = t.turn.verify(row)
                     else:
                         delta = t.turn.advance(row[0])
                 except Exception as exc:
@@ -453,7 +469,7 @@ class EngineLoop:
 
 
 def _prefill_rows(live: list[Ticket], budget: int, chunks: list[SeqChunk],
-                  owners: list[tuple[Ticket, Literal["advance", "first", "none"]]]) -> None:
+                  owners: list[tuple[Ticket, RowKind]]) -> None:
     """Fill ``budget`` rows with prompt chunks: the prompt with the least left to evaluate
     first (a cached one needs one row), so a turn whose prefix was found starts decoding at
     once instead of waiting behind other turns' long prefills. A step's worth of rows is

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..decode.decoding import Decoder, speculate, usage_of
+from ..decode.decoding import Decoder, propose, settle, speculate, usage_of
 from ..decode.sampling import DraftAwareProcessor, Logits
 from ..decode.speculative import ConstrainedSource, CostGate, PromptLookupSource
-from ..engine.protocols import Engine, GenerateRequest, SeqChunk, StepEngine
+from ..engine.protocols import SAFE_VERIFY_KV, Engine, GenerateRequest, SeqChunk, StepEngine
 from ..errors import EngineBusy, InvalidParameter, RemoteUnsupported
 from ..messages import Message, Reply, Usage
 from ..tools.dialects import Dialect
@@ -70,6 +71,8 @@ class TurnView:
         self.emitter = TextEmitter(engine, plan.stop_strings, tools=plan.tools,
                                    dialect=plan.dialect)
         self._dec: Decoder | None = None
+        self._verifying: tuple[list[int], int, float] | None = None
+        """A batch driver's verify chunk in flight: (draft, accepted before, started)."""
         self._fed = False  # a checked reply's tokens went to the emitter (at the end)
         self.seq: int | None = None
         self._added: list[Message] = []  # checked, not yet recorded (see complete)
@@ -287,9 +290,39 @@ class Turn(TurnView):
         """Batch drivers: ``n`` prompt tokens were copied in from a sibling sequence."""
         self.decoder.adopt_prefix(n)
 
-    def chunk(self) -> SeqChunk | None:
-        """Batch drivers: the evaluation the next step needs (None when done)."""
-        return self.decoder.chunk()
+    def chunk(self, max_draft: int = SPEC_K) -> SeqChunk | None:
+        """Batch drivers: the evaluation the next step needs (None when done). A speculative
+        turn's is a verify step when its source drafts (at most ``max_draft`` tokens; logits
+        ``"all"``: pass the rows to :meth:`verify`), else the plain step (one row:
+        :meth:`advance`). With one KV pool (``kv_unified``), where a step's other rows
+        already change the last bits, drafts are not limited to ``SAFE_VERIFY_KV`` cells."""
+        d = self.decoder
+        if self.draft is None or d.done or max_draft <= 0:
+            return d.chunk()
+        max_kv = None if getattr(self.engine, "kv_unified", False) else SAFE_VERIFY_KV
+        draft = propose(d, self.draft, min(SPEC_K, max_draft), self.gate, max_kv=max_kv)
+        if not draft:
+            self._verifying = None
+            return d.chunk()
+        self._verifying = (draft, d.accepted, time.perf_counter())
+        return d.verify_chunk(draft)
+
+    def verify(self, rows: Logits) -> str:
+        """Batch drivers: the verify chunk from :meth:`chunk` was evaluated (its rows in
+        order); sample along the draft and return the text delta."""
+        assert self._verifying is not None, "verify() without a verify chunk()"
+        draft, before, started = self._verifying
+        self._verifying = None
+        d = self.decoder
+        toks = d.verify(rows, draft)
+        assert self.draft is not None
+        settle(d, self.draft, self.gate, draft, before, started, toks)
+        out = ""
+        for tok in toks:
+            if self.emitter.cut:
+                break
+            out += self._emit(tok)
+        return out
 
     def first(self, row: Logits) -> str:
         """Batch drivers: the prompt was prefilled externally; sample the first token."""

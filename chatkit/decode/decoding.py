@@ -208,35 +208,50 @@ class Decoder:
         are removed from the KV sequence. Returns the tokens sampled (the stop
         token excluded). With an empty draft this is ``step()``.
         """
-        chunk = self.chunk()
-        if chunk is None:
-            return []
         draft = list(draft)
         if not draft:
             tok = self.step()
             return [] if tok is None else [tok]
-        out: list[int] = []
+        chunk = self.verify_chunk(draft)
+        if chunk is None:
+            return []
         with self.model.lock:
-            rows = self.model.decode(
-                [SeqChunk(self.seq_id, chunk.pos, (*chunk.tokens, *draft), "all")])[0]
-            self._pending = None
-            self._evaluated += 1
-            accepted = 0
-            for i in range(len(draft) + 1):
-                tok = self._take(rows[i])
-                if tok is None:
-                    break
-                out.append(tok)
-                if i < len(draft) and tok == draft[i] and not self.done:
-                    accepted += 1
-                    self._pending = None  # the draft token is already in the KV cache
-                    self._evaluated += 1
-                    continue
+            return self.verify(self.model.decode([chunk])[0], draft)
+
+    def verify_chunk(self, draft: Sequence[int]) -> SeqChunk | None:
+        """Batch drivers: the evaluation a verify step of ``draft`` needs, ``[pending,
+        *draft]`` with a logits row each (None when done). Evaluate it, then :meth:`verify`."""
+        chunk = self.chunk()
+        if chunk is None:
+            return None
+        return SeqChunk(self.seq_id, chunk.pos, (*chunk.tokens, *draft), "all")
+
+    def verify(self, rows: Logits, draft: Sequence[int]) -> list[int]:
+        """After :meth:`verify_chunk` was evaluated (its rows, in order): sample along the
+        draft as :meth:`spec_step` does, drop the rejected positions from the KV sequence
+        (takes the model lock for that), and return the tokens sampled."""
+        draft = list(draft)
+        pos = len(self.prompt) + len(self.tokens) - 1
+        out: list[int] = []
+        self._pending = None
+        self._evaluated += 1
+        accepted = 0
+        for i in range(len(draft) + 1):
+            tok = self._take(rows[i])
+            if tok is None:
                 break
-            self.drafted += len(draft)
-            self.accepted += accepted
-            keep = len(self.prompt) + self._evaluated
-            if keep < chunk.pos + 1 + len(draft):
+            out.append(tok)
+            if i < len(draft) and tok == draft[i] and not self.done:
+                accepted += 1
+                self._pending = None  # the draft token is already in the KV cache
+                self._evaluated += 1
+                continue
+            break
+        self.drafted += len(draft)
+        self.accepted += accepted
+        keep = len(self.prompt) + self._evaluated
+        if keep < pos + 1 + len(draft):
+            with self.model.lock:
                 self.model.seq_rm(self.seq_id, keep, -1)
         return out
 
@@ -322,21 +337,35 @@ def speculate(dec: Decoder, source: DraftSource, k: int, gate: CostGate | None =
     logits stop being bitwise equal to single steps), verified by ``Decoder.spec_step``;
     the source hears how many were rejected, the gate what was accepted (and how long
     it took). Returns the tokens sampled."""
+    draft = propose(dec, source, k, gate, max_kv=max_kv)
+    before, started = dec.accepted, time.perf_counter()
+    toks = dec.spec_step(draft)
+    settle(dec, source, gate, draft, before, started, toks)
+    return toks
+
+
+def propose(dec: Decoder, source: DraftSource, k: int, gate: CostGate | None = None, *,
+            max_kv: int | None = SAFE_VERIFY_KV) -> list[int]:
+    """The draft for ``dec``'s next verify step (:func:`speculate`'s first half; batch
+    drivers evaluate ``dec.verify_chunk(draft)`` among other rows, then :func:`settle`)."""
     k = min(k, dec.max_tokens - len(dec.tokens) - 1)
     if max_kv is not None:
         k = min(k, max_kv - len(dec.history) - 1)
-    draft = source.propose(dec.history, k) if k > 0 and (gate is None or gate.allow()) \
-        else []
-    before = dec.accepted
-    started = time.perf_counter()
-    toks = dec.spec_step(draft)
-    accepted = dec.accepted - before
+    if k <= 0 or (gate is not None and not gate.allow()):
+        return []
+    return source.propose(dec.history, k)
+
+
+def settle(dec: Decoder, source: DraftSource, gate: CostGate | None, draft: Sequence[int],
+           accepted_before: int, started: float, toks: Sequence[int]) -> None:
+    """After a verify step of ``draft``: the gate hears what was accepted and how long it
+    took (from ``started``), the source how many were rejected."""
+    accepted = dec.accepted - accepted_before
     if gate is not None:
         gate.record(len(draft), accepted, seconds=time.perf_counter() - started,
                     tokens=len(toks))
     if accepted < len(draft):
         source.truncated(len(draft) - accepted)
-    return toks
 
 
 def usage_of(dec: Decoder) -> Usage:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -101,6 +102,8 @@ class Lanes:
                             think_budget=req.think_budget or THINK_BUDGET,
                             stop=s.stop, max_tokens=s.max_tokens or self.limits.max_tokens)
         options: TurnOptions = {"tool_choice": req.tool_choice}
+        if self.limits.speculative:
+            options["speculative"] = True
         if s.stop:
             options["stop"] = s.stop  # refused beside a schema or tools (by name)
         if req.tools:
@@ -147,6 +150,8 @@ class Lanes:
         plan = plan_completion(model, prompt, sampler=Sampler(s.params(lane)),
             max_tokens=max_tokens, schema=req.schema, constraint=constraint,
             stop=s.stop or None)
+        if self.limits.speculative:
+            plan = dataclasses.replace(plan, speculative=True)
         return checked_start(Turn(model, plan, KVState(owner=0), lambda added: None),
                               s.logprobs)
 

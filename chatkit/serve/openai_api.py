@@ -43,6 +43,9 @@ class ServerLimits:
     context_source: str = ""
     """Where each sequence's context size came from, for context errors (``chatkit serve``
     says which flags)."""
+    speculative: bool = False
+    """Every request's reply is decoded with grammar-drafted speculation (``chatkit serve
+    --speculative``): verify steps ride in the engine loop's batched steps."""
 
 
 class RequestError(Exception):
