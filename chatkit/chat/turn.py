@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import Any, cast
 
 from ..decode.decoding import Decoder, propose, settle, speculate, usage_of
@@ -268,15 +269,9 @@ class Turn(TurnView):
 
     def step(self) -> str:
         """One decode step (a verify step when speculative); returns the text delta."""
-        d = self.decoder
         if self.draft is None:
-            return self._emit(d.step())
-        out = ""
-        for tok in speculate(d, self.draft, SPEC_K, self.gate):
-            if self.emitter.cut:
-                break
-            out += self._emit(tok)
-        return out
+            return self._emit(self.decoder.step())
+        return self._emit_all(speculate(self.decoder, self.draft, SPEC_K, self.gate))
 
     def begin(self) -> None:
         """Batch drivers: drop what the sequence holds past the reused prefix."""
@@ -310,19 +305,16 @@ class Turn(TurnView):
     def verify(self, rows: Logits) -> str:
         """Batch drivers: the verify chunk from :meth:`chunk` was evaluated (its rows in
         order); sample along the draft and return the text delta."""
-        assert self._verifying is not None, "verify() without a verify chunk()"
+        assert self._verifying is not None and self.draft is not None, "no verify chunk()"
         draft, before, started = self._verifying
         self._verifying = None
-        d = self.decoder
-        toks = d.verify(rows, draft)
-        assert self.draft is not None
-        settle(d, self.draft, self.gate, draft, before, started, toks)
-        out = ""
-        for tok in toks:
-            if self.emitter.cut:
-                break
-            out += self._emit(tok)
-        return out
+        toks = self.decoder.verify(rows, draft)
+        settle(self.decoder, self.draft, self.gate, draft, before, started, toks)
+        return self._emit_all(toks)
+
+    def _emit_all(self, toks: list[int]) -> str:
+        """The text deltas of ``toks`` (a verify step's), up to a stop string's cut."""
+        return "".join(self._emit(t) for t in takewhile(lambda _: not self.emitter.cut, toks))
 
     def first(self, row: Logits) -> str:
         """Batch drivers: the prompt was prefilled externally; sample the first token."""
@@ -427,3 +419,4 @@ class Turn(TurnView):
         self.kv.tokens = self.decoder.kv_tokens()
         self._engine().release_seq(self.seq, self.kv.tokens)
         self.seq = None
+

@@ -208,15 +208,12 @@ class Decoder:
         are removed from the KV sequence. Returns the tokens sampled (the stop
         token excluded). With an empty draft this is ``step()``.
         """
-        draft = list(draft)
         if not draft:
             tok = self.step()
             return [] if tok is None else [tok]
         chunk = self.verify_chunk(draft)
-        if chunk is None:
-            return []
         with self.model.lock:
-            return self.verify(self.model.decode([chunk])[0], draft)
+            return [] if chunk is None else self.verify(self.model.decode([chunk])[0], draft)
 
     def verify_chunk(self, draft: Sequence[int]) -> SeqChunk | None:
         """Batch drivers: the evaluation a verify step of ``draft`` needs, ``[pending,
@@ -230,7 +227,6 @@ class Decoder:
         """After :meth:`verify_chunk` was evaluated (its rows, in order): sample along the
         draft as :meth:`spec_step` does, drop the rejected positions from the KV sequence
         (takes the model lock for that), and return the tokens sampled."""
-        draft = list(draft)
         pos = len(self.prompt) + len(self.tokens) - 1
         out: list[int] = []
         self._pending = None
