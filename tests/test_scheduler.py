@@ -311,3 +311,23 @@ def test_a_cached_prompt_starts_before_a_long_prefill_ends(smol: Model) -> None:
         del smol.decode
     assert len(turns[0].plan.prompt) > 20 * 32  # twenty steps of prefill at least
     assert firsts[1] <= 2 < 15 < firsts[0], firsts
+
+
+def test_a_turn_that_fails_to_draft_fails_alone(smol: Model) -> None:
+    """A turn's grammar failing while it drafts (its ``chunk``) ends that turn with the
+    error; the turns stepping beside it go on."""
+    loop = engine_loop(smol)
+    greedy = SamplingParams(temperature=0.0)
+    turns = [Conversation(smol, sampling=greedy).plan(f"Count to {n}.", max_tokens=6)
+             for n in (5, 6)]
+
+    def broken(**_: Any) -> None:
+        raise RuntimeError("the grammar failed while drafting")
+
+    turns[0].chunk = broken  # type: ignore[method-assign]
+    with smol.lock:  # both start in one step
+        tickets = [loop.submit(turn) for turn in turns]
+    with pytest.raises(RuntimeError, match="while drafting"):
+        "".join(tickets[0].deltas())
+    "".join(tickets[1].deltas())
+    assert tickets[1].reply is not None and tickets[1].reply.usage.completion_tokens > 1

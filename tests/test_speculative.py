@@ -302,3 +302,29 @@ def test_speculative_turns_verify_inside_the_engine_loops_steps(smol: Model) -> 
                for t in tickets)
     assert max(rows) > 1 + SPEC_K  # two turns' verify chunks (<= 1 + SPEC_K rows) in one step
     assert loop.stats.shared_steps > shared_before and loop.stats.steps > steps_before
+
+
+def test_a_verify_walk_stops_where_the_reply_ends() -> None:
+    """``on_token`` sees each token of a verify walk as it is taken; when it ends the reply
+    (a stop string's cut) the walk stops there, as plain steps would: no token past the
+    cut is counted, and the KV sequence holds what the decoder says."""
+    from chatkit.decode.decoding import Decoder
+
+    prompt = [5, 9, 12]
+    plain = generate(FakeModel(), prompt, Sampler(SamplingParams()),  # type: ignore[arg-type]
+                     max_tokens=40)
+    oracle = prompt + plain.tokens + [STOP]
+    model = FakeModel()
+    dec = Decoder(model, prompt, Sampler(SamplingParams()), max_tokens=40)  # type: ignore[arg-type]
+    dec.start()
+    seen: list[int] = []
+
+    def cut_at_four(tok: int) -> None:
+        seen.append(tok)
+        if len(dec.tokens) == 4:
+            dec.finish("stop_string")
+
+    while not dec.done:  # perfect drafts of 4: one walk would take 5 tokens
+        dec.spec_step(oracle[len(dec.history):len(dec.history) + 4], cut_at_four)
+    assert dec.tokens == plain.tokens[:4] == [plain.tokens[0], *seen]
+    assert model.kv[0] == dec.kv_tokens()

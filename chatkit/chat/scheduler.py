@@ -408,7 +408,11 @@ class EngineLoop:
         if any(t.state == "prefill" for t in self._live):
             drafts //= 2
         for t in decoding:
-            c = t.turn.chunk(max_draft=drafts)
+            try:
+                c = t.turn.chunk(max_draft=drafts)
+            except Exception as exc:  # its grammar failed while drafting: that turn alone
+                self._fail(t, exc)
+                continue
             if c is not None:
                 chunks.append(c)
                 owners.append((t, "verify" if c.logits == "all" else "advance"))

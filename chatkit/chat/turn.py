@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import takewhile
 from typing import Any, cast
 
 from ..decode.decoding import Decoder, propose, settle, speculate, usage_of
@@ -271,7 +270,10 @@ class Turn(TurnView):
         """One decode step (a verify step when speculative); returns the text delta."""
         if self.draft is None:
             return self._emit(self.decoder.step())
-        return self._emit_all(speculate(self.decoder, self.draft, SPEC_K, self.gate))
+        deltas: list[str] = []
+        speculate(self.decoder, self.draft, SPEC_K, self.gate,
+                  on_token=lambda tok: deltas.append(self._emit(tok)))
+        return "".join(deltas)
 
     def begin(self) -> None:
         """Batch drivers: drop what the sequence holds past the reused prefix."""
@@ -308,13 +310,10 @@ class Turn(TurnView):
         assert self._verifying is not None and self.draft is not None, "no verify chunk()"
         draft, before, started = self._verifying
         self._verifying = None
-        toks = self.decoder.verify(rows, draft)
+        deltas: list[str] = []
+        toks = self.decoder.verify(rows, draft, lambda tok: deltas.append(self._emit(tok)))
         settle(self.decoder, self.draft, self.gate, draft, before, started, toks)
-        return self._emit_all(toks)
-
-    def _emit_all(self, toks: list[int]) -> str:
-        """The text deltas of ``toks`` (a verify step's), up to a stop string's cut."""
-        return "".join(self._emit(t) for t in takewhile(lambda _: not self.emitter.cut, toks))
+        return "".join(deltas)
 
     def first(self, row: Logits) -> str:
         """Batch drivers: the prompt was prefilled externally; sample the first token."""

@@ -85,18 +85,10 @@ class Decoder:
     already; everything after them is removed and re-evaluated.
     """
 
-    def __init__(
-        self,
-        model: StepEngine,
-        prompt: Sequence[int],
-        sampler: Sampler,
-        *,
-        max_tokens: int = 256,
-        stop_ids: Iterable[int] | None = None,
-        seq_id: int = 0,
-        reuse: int = 0,
-        prefill_chunk: int = SAFE_PREFILL_CHUNK,
-    ) -> None:
+    def __init__(self, model: StepEngine, prompt: Sequence[int], sampler: Sampler, *,
+                 max_tokens: int = 256, stop_ids: Iterable[int] | None = None,
+                 seq_id: int = 0, reuse: int = 0,
+                 prefill_chunk: int = SAFE_PREFILL_CHUNK) -> None:
         check_max_tokens(max_tokens)
         if not prompt:
             raise InvalidParameter("prompt", "empty prompt")
@@ -198,22 +190,25 @@ class Decoder:
         with self.model.lock:
             return self.advance(self.model.decode([chunk])[0][0])
 
-    def spec_step(self, draft: Sequence[int]) -> list[int]:
+    def spec_step(self, draft: Sequence[int],
+                  on_token: Callable[[int], object] | None = None) -> list[int]:
         """Verify ``draft`` after the pending token in ONE decode (holds the model lock).
 
         Rows of ``[pending, *draft]`` go through ``Sampler.next`` in order: accepted
         while the sample equals the draft token; the first mismatch's sample (or,
         all accepted, the bonus sample) ends the step. Every sampled token is
-        committed, so no processor rollback is needed; rejected draft positions
-        are removed from the KV sequence. Returns the tokens sampled (the stop
-        token excluded). With an empty draft this is ``step()``.
-        """
+        committed, so no processor rollback is needed; rejected draft positions are removed
+        from the KV sequence. Returns the tokens sampled (the stop token excluded). With an
+        empty draft this is ``step()``. ``on_token``: see :meth:`verify`."""
         if not draft:
             tok = self.step()
+            if tok is not None and on_token is not None:
+                on_token(tok)
             return [] if tok is None else [tok]
         chunk = self.verify_chunk(draft)
         with self.model.lock:
-            return [] if chunk is None else self.verify(self.model.decode([chunk])[0], draft)
+            return ([] if chunk is None
+                    else self.verify(self.model.decode([chunk])[0], draft, on_token))
 
     def verify_chunk(self, draft: Sequence[int]) -> SeqChunk | None:
         """Batch drivers: the evaluation a verify step of ``draft`` needs, ``[pending,
@@ -223,10 +218,13 @@ class Decoder:
             return None
         return SeqChunk(self.seq_id, chunk.pos, (*chunk.tokens, *draft), "all")
 
-    def verify(self, rows: Logits, draft: Sequence[int]) -> list[int]:
+    def verify(self, rows: Logits, draft: Sequence[int],
+               on_token: Callable[[int], object] | None = None) -> list[int]:
         """After :meth:`verify_chunk` was evaluated (its rows, in order): sample along the
         draft as :meth:`spec_step` does, drop the rejected positions from the KV sequence
-        (takes the model lock for that), and return the tokens sampled."""
+        (takes the model lock for that), and return the tokens sampled. ``on_token`` sees
+        each token as it is taken; when it ends the reply (``finish``: a stop string) the
+        walk stops there, as plain steps would."""
         pos = len(self.prompt) + len(self.tokens) - 1
         out: list[int] = []
         self._pending = None
@@ -237,6 +235,8 @@ class Decoder:
             if tok is None:
                 break
             out.append(tok)
+            if on_token is not None:
+                on_token(tok)
             if i < len(draft) and tok == draft[i] and not self.done:
                 accepted += 1
                 self._pending = None  # the draft token is already in the KV cache
@@ -327,15 +327,16 @@ class Decoder:
 
 
 def speculate(dec: Decoder, source: DraftSource, k: int, gate: CostGate | None = None, *,
-              max_kv: int | None = SAFE_VERIFY_KV) -> list[int]:
+              max_kv: int | None = SAFE_VERIFY_KV,
+              on_token: Callable[[int], object] | None = None) -> list[int]:
     """One speculative step of ``dec``: up to ``k`` tokens proposed by ``source`` (none while
     ``gate`` says no, or once the verify batch would reach ``max_kv`` cells, where its
     logits stop being bitwise equal to single steps), verified by ``Decoder.spec_step``;
     the source hears how many were rejected, the gate what was accepted (and how long
-    it took). Returns the tokens sampled."""
+    it took). Returns the tokens sampled (``on_token``: see ``Decoder.verify``)."""
     draft = propose(dec, source, k, gate, max_kv=max_kv)
     before, started = dec.accepted, time.perf_counter()
-    toks = dec.spec_step(draft)
+    toks = dec.spec_step(draft, on_token)
     settle(dec, source, gate, draft, before, started, toks)
     return toks
 
