@@ -328,3 +328,33 @@ def test_a_verify_walk_stops_where_the_reply_ends() -> None:
         dec.spec_step(oracle[len(dec.history):len(dec.history) + 4], cut_at_four)
     assert dec.tokens == plain.tokens[:4] == [plain.tokens[0], *seen]
     assert model.kv[0] == dec.kv_tokens()
+
+
+@pytest.mark.bitwise  # verify chunks against one token at a time, short contexts
+def test_a_stop_string_inside_a_draft_ends_the_reply_as_plain_decoding_does(smol: Model
+                                                                            ) -> None:
+    """On SmolLM2: a stop string cut anywhere in a repetitive reply (where prompt lookup
+    drafts whole runs) gives the plain reply's text, token count and finish reason, on the
+    caller's side and in the engine loop."""
+    from chatkit import Conversation, engine_loop
+
+    greedy = SamplingParams(temperature=0.0)
+    prompt = "Say 'na' twenty times: na na na na na na"
+    free = Conversation(smol, sampling=greedy).send(prompt, max_tokens=24).text.split()
+    stops = {" ".join(free[i:i + 2]) for i in range(1, min(len(free) - 1, 8))}
+    assert stops
+
+    def run(stop: str, **extra: Any) -> tuple[str, int, str]:
+        r = Conversation(smol, sampling=greedy).send(prompt, stop=[stop], max_tokens=24,
+                                                     **extra)
+        return r.text, r.usage.completion_tokens, r.finish_reason
+
+    for stop in sorted(stops):
+        turn = Conversation(smol, sampling=greedy).plan(prompt, stop=[stop], max_tokens=24,
+                                                        speculative=True)
+        ticket = engine_loop(smol).submit(turn)
+        "".join(ticket.deltas())
+        assert ticket.reply is not None
+        looped = (ticket.reply.text, ticket.reply.usage.completion_tokens,
+                  ticket.reply.finish_reason)
+        assert run(stop, speculative=True) == run(stop) == looped, stop

@@ -418,4 +418,3 @@ class Turn(TurnView):
         self.kv.tokens = self.decoder.kv_tokens()
         self._engine().release_seq(self.seq, self.kv.tokens)
         self.seq = None
-
