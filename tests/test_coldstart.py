@@ -261,6 +261,30 @@ def test_loading_a_model_skips_llama_cpp_python_high_level_half() -> None:
     assert out.stdout.strip().splitlines()[-2:] == ["[] True True True True", "1000"]
 
 
+def test_a_constrained_turn_skips_llguidance_package_init(cache: Path) -> None:
+    """chatkit imports llguidance's extension alone (its ``__init__`` pulls in
+    ``importlib.metadata`` and grammar converters, ~45 ms on the chain that builds the
+    tokenizer during the load); a later ``import llguidance`` gets the same classes."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from chatkit import Conversation, Model\n"
+            "from chatkit.engine import bare_import\n"
+            "model = Model.load(None, n_ctx=256, n_seq_max=1)\n"
+            "reply = Conversation(model).send('Yes or no?', schema={'type': 'boolean'}, "
+            "max_tokens=8)\n"
+            "skipped = sorted(m for m in ('llguidance', 'importlib.metadata') "
+            "if m in sys.modules)\n"
+            "import llguidance\n"
+            "lib = bare_import.llguidance()\n"
+            "print(skipped, type(reply.parsed).__name__, llguidance.LLMatcher is lib.LLMatcher, "
+            "llguidance.LLTokenizer is lib.LLTokenizer)\n"
+            "model.close()\n")
+    env = {**os.environ, "CHATKIT_CACHE_DIR": str(cache)}
+    for _ in range(2):  # the second process builds the tokenizer alongside the load
+        out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True,
+                             text=True, check=True, env=env)
+        assert out.stdout.strip().splitlines()[-1] == "[] bool True True"
+
+
 def _marked(pieces: list[bytes], attrs: Any) -> list[bytes]:
     """The special-token marking rule, token by token."""
     return [b"\xff" + p if a & cv.ATTR_CONTROL or (

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import bare_import
 from .llama_log import llama_log, muted, quiet_sink
 from .lowlevel import llama_cpp
 from .vocab import VocabTable, llama_tokenize, llg_tokens, vocab_cache_load, vocab_cache_path
@@ -105,12 +106,11 @@ class TokenizerPrebuild:
             table = vocab_cache_load(self.path)
             if table is None or not table.plain_tokenize or self._cancelled:
                 return
-            import llguidance
-
+            llguidance = bare_import.llguidance()
             started = time.perf_counter()
             source = _PendingVocabTokenizer(llg_tokens(table.pieces, table.attrs),
                                             table.eot_id, self._vocab, self._vocab_ready)
-            tokenizer = llguidance.LLTokenizer(source, slices=[])  # type: ignore[arg-type]
+            tokenizer = llguidance.LLTokenizer(source, slices=[])
             source.tokens = []  # read into llguidance's trie; the model keeps the pieces
             self._seconds = time.perf_counter() - started
             self._table, self._tokenizer = table, tokenizer

@@ -6,23 +6,21 @@ multiprocessing, uuid... about 0.1 s of a new process's start that chatkit, whic
 the C API, never needs (``bench coldstart``: a verdict lane pays it once per decision).
 
 :data:`llama_cpp` here is the bindings module ``llama_cpp.llama_cpp`` itself (the same
-names the package re-exports: ``llama_decode``, ``llama_batch_init``...). It is imported
-under a bare stand-in for the package, which is taken out of ``sys.modules`` again, so a
-later ``import llama_cpp`` (the user's own ``Llama``, a bench's peer) runs the real
-``__init__`` and finds these same bindings (one shared library, one set of ctypes
-signatures). Where the package is already imported, its own bindings module is used."""
+names the package re-exports: ``llama_decode``, ``llama_batch_init``...), imported without
+the package's ``__init__`` (``bare_import``): a later ``import llama_cpp`` (the user's own
+``Llama``, a bench's peer) runs the real ``__init__`` and finds these same bindings (one
+shared library, one set of ctypes signatures)."""
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import os
 import re
 import sys
-import types
 from pathlib import Path
 from typing import Any
+
+from . import bare_import
 
 __all__: list[str] = []
 
@@ -32,25 +30,7 @@ PACKAGE = "llama_cpp"
 def submodule(name: str) -> Any:
     """``llama_cpp.<name>`` without the package's ``__init__`` (unless that already ran).
     ``ImportError`` as ``import llama_cpp`` would raise it."""
-    full = f"{PACKAGE}.{name}"
-    if full in sys.modules:
-        return sys.modules[full]
-    if PACKAGE in sys.modules:
-        return importlib.import_module(full)
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"No module named {PACKAGE!r}", name=PACKAGE)
-    stand_in = types.ModuleType(PACKAGE)
-    stand_in.__path__ = list(spec.submodule_search_locations)
-    stand_in.__spec__ = spec
-    stand_in.__file__ = spec.origin
-    stand_in.__package__ = PACKAGE
-    sys.modules[PACKAGE] = stand_in
-    try:
-        return importlib.import_module(full)
-    finally:
-        if sys.modules.get(PACKAGE) is stand_in:
-            del sys.modules[PACKAGE]
+    return bare_import.submodule(PACKAGE, name)
 
 
 @functools.cache

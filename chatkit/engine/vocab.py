@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import DecodeError, ModelLoadError, ModelNotFound
-from . import diskcache, lowlevel
+from . import bare_import, diskcache, lowlevel
 from .llama_log import ensure_backend, forget_lines, last_error
 from .lowlevel import llama_cpp
 
@@ -359,11 +359,10 @@ class Vocab:
             return self.cache(("llg_tokenizer_sliced", stop_token), add_slices)
 
         def build() -> Any:
-            import llguidance
-
+            llguidance = bare_import.llguidance()
             pieces, attrs = self.table()
             started = time.perf_counter()
-            made = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+            made = llguidance.LLTokenizer.from_llamacpp(
                 tokens=llg_tokens(pieces, attrs), vocab_ptr=self.pointer,
                 tokenize_fptr=_llama_tokenize_address(), eos_token=stop_token, slices=[])
             _log.info("llguidance tokenizer for %s built in %.2f s", self.name,

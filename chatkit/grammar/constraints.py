@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from ..engine import bare_import
 from ..engine.protocols import Vocabulary
 from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from . import slices
@@ -369,8 +370,6 @@ class Constraint(GrammarSteps):
             other = Constraint(self.kind, self.grammar, source=self.source, reader=self.reader,
                                checks=self.checks)
             return other.bind(model, stop)
-        import llguidance.numpy
-
         matcher, self._slice_demand = _new_matcher(model, self.grammar, stop)
         if matcher.is_error():
             raise _matcher_refusal(self.kind, self.source, matcher.get_error())
@@ -378,7 +377,7 @@ class Constraint(GrammarSteps):
         self.stop_token = stop
         self._initial = matcher
         self._matcher = matcher.deep_copy()
-        self._mask = llguidance.numpy.allocate_token_bitmask(1, model.n_vocab)
+        self._mask = np.full((1, (model.n_vocab + 31) // 32), -1, dtype=np.int32)
         self._static = model.grammar_token_words()
         self._spare_core = _spare_core(model)
         self.attach_checks()
@@ -487,8 +486,7 @@ def _schema_constraint(cls: type[Constraint], loaded: LoadedSchema,
 
 def _lark_grammar(grammar: str) -> str:
     """A Lark grammar compiled by llguidance, or ``GrammarInvalid``."""
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     return _checked(llguidance.LLMatcher.grammar_from_lark(grammar), "lark")
 
 
@@ -514,8 +512,7 @@ def _regex_grammar(pattern: str) -> str:
         if max(int(n) for n in m.groups() if n) > MAX_REPEAT:
             raise GrammarInvalid("regex", f"repetition {m.group(0)} exceeds {MAX_REPEAT} "
                                  "(the lexer's automaton would not fit its limits)")
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     return _checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
 
 
@@ -525,8 +522,7 @@ def _new_matcher(model: Vocabulary, grammar: str, stop: int) -> tuple[Any, list[
     it waits for the sliced tokenizer, its mask counter (:mod:`chatkit.grammar.slices`)."""
     if not 0 <= stop < model.n_vocab:
         raise InvalidParameter("stop_token", f"{stop} is not a token id of {model.name}")
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     tok, demand = slices.tokenizer(model, grammar, stop)
     return llguidance.LLMatcher(tok, grammar, log_level=0, limits=native_limits()), demand
 
@@ -565,8 +561,7 @@ class _NextMask:
 
 
 def _checked(grammar: str, kind: ConstraintKind) -> str:
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
         grammar, limits=native_limits())
     problem = "; ".join(messages) if failed else grammar_problem(grammar)

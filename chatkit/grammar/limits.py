@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine import bare_import
+
 __all__ = ["GrammarLimits", "grammar_limits", "set_grammar_limits"]
 
 
@@ -38,8 +40,7 @@ class GrammarLimits:
 
     def native(self) -> Any:
         """The ``llguidance.LLParserLimits`` of these numbers."""
-        import llguidance
-
+        llguidance = bare_import.llguidance()
         return llguidance.LLParserLimits(
             max_items_in_row=self.row_items, initial_lexer_fuel=self.lexer_fuel,
             step_lexer_fuel=self.step_lexer_fuel, step_max_items=self.step_items,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (cold start)
     from pydantic import BaseModel
 
+from ..engine import bare_import
 from ..errors import SchemaInvalid, SchemaUnsupported
 from .limits import native_limits
 from .reader import SchemaReader as SchemaReader
@@ -220,10 +221,9 @@ def json_grammar(schema: dict[str, Any] | bool, whitespace: Whitespace = "compac
         # keywords) outgrow llguidance's intersection stack: there, numbers bound in place
         doc = bounded(schema, digits, survey, share=not survey.intersects)
     try:
-        import llguidance
-
+        llguidance = bare_import.llguidance()
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(doc), overrides=json_options(whitespace)  # type: ignore[arg-type]
+            json.dumps(doc), overrides=json_options(whitespace)
         )
     except ValueError as exc:
         raise SchemaInvalid(str(exc)) from exc
@@ -245,8 +245,7 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
     compiled = json_grammar(schema, whitespace, digits)
     problem = None
     if validate:
-        import llguidance
-
+        llguidance = bare_import.llguidance()
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             compiled.grammar, limits=native_limits())
         problem = "; ".join(messages) if failed else None
@@ -259,8 +258,7 @@ def compile_json_schema(schema: dict[str, Any] | bool, whitespace: Whitespace = 
 
 @functools.cache
 def _byte_tokenizer() -> Any:
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     return llguidance.LLTokenizer("byte")
 
 
@@ -268,8 +266,7 @@ def grammar_problem(grammar: str) -> str | None:
     """What llguidance reports when it builds a matcher for ``grammar`` (over a byte-level
     tokenizer: no model needed), or None. Catches what validation alone lets through
     (``$ref`` cycles, lexer limits such as ``a{1000000}``) before any model loads."""
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0,
                                    limits=native_limits())
     if not matcher.is_error():

@@ -26,6 +26,7 @@ import json
 import re
 from typing import Any
 
+from ..engine import bare_import
 from .schema_walk import local_ref, walk
 
 __all__: list[str] = []
@@ -61,8 +62,7 @@ def pattern_compiles(pattern: str) -> bool:
     """Whether the Rust engine reads ``pattern`` (llguidance's regex syntax errors:
     lookarounds, backreferences, a mid-pattern ``$``). A pattern past llguidance's limits
     counts as read: the grammar refuses it by name, never a Python ``re`` check."""
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     try:  # whitespace options do not matter to one string
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps({"type": "string", "pattern": pattern}))

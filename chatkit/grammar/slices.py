@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..engine import bare_import
 from ..engine.protocols import Vocabulary
 from .limits import native_limits
 
@@ -63,8 +64,7 @@ def sliced_matcher(model: Vocabulary, grammar: str, stop: int,
     """A matcher of ``grammar`` over the sliced tokenizer (built now if need be) in its
     initial state and after ``tokens``; None when the replay fails (the caller keeps its
     matcher: nothing is lost but speed)."""
-    import llguidance
-
+    llguidance = bare_import.llguidance()
     initial = llguidance.LLMatcher(model.llg_tokenizer(stop, sliced=True), grammar,
                                    log_level=0, limits=native_limits())
     matcher = initial.deep_copy()
