@@ -24,7 +24,7 @@ from typing import Any
 
 __all__: list[str] = []
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 """One stand-in at a time: the llguidance worker imports while the main thread may."""
 
 
