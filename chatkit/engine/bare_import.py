@@ -10,7 +10,9 @@ GIL-bound chain that builds llguidance's tokenizer while the weights load).
 A submodule is imported under a bare stand-in for its package, which is taken out of
 ``sys.modules`` again, so a later ``import <package>`` (the user's own) runs the real
 ``__init__`` and finds the same submodule (one extension, one set of classes). Where the
-package is already imported, its own submodule is used."""
+package is already imported, its own submodule is used. One trace is left: that later
+package has no attribute naming the submodule (``llguidance._lib``, private: the names it
+re-exports are all there), since Python sets it only when it loads the submodule itself."""
 
 from __future__ import annotations
 
