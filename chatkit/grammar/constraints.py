@@ -377,8 +377,8 @@ class Constraint(GrammarSteps):
         self.stop_token = stop
         self._initial = matcher
         self._matcher = matcher.deep_copy()
-        self._mask = np.full((1, (model.n_vocab + 31) // 32), -1, dtype=np.int32)
         self._static = model.grammar_token_words()
+        self._mask = np.full((1, self._static.size), -1, dtype=np.int32)  # words alike
         self._spare_core = _spare_core(model)
         self.attach_checks()
         if first_mask_now:
