@@ -9,7 +9,7 @@ from ..decode.decoding import Decoder, decide_finish, usage_of
 from ..errors import SchemaViolation, Truncated
 from ..grammar.constraints import Constraint
 from ..messages import Message, Reply, ToolCall
-from ..tools.parser import parse_calls
+from ..tools.parser import parse_calls, split_reasoning
 from .plan import TurnPlan
 
 __all__: list[str] = []
@@ -38,6 +38,8 @@ def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: st
             raise Truncated(text, plan.max_tokens, usage=usage)
         if plan.thinking:
             reasoning, text = _thinking_parts(c, text)
+        if plan.tools and plan.dialect is not None and plan.tool_thinking:
+            reasoning, text = split_reasoning(text, plan.dialect, opened=plan.think_opened)
         if plan.tools:
             text, calls = parse_calls(text, list(plan.tools), plan.dialect)
         if c.reader is not None and not calls:

@@ -21,7 +21,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..decode.options import (
-    AUTO_CALL_THRESHOLD,
     CallOptions,
     Defaults,
     TurnOptions,
@@ -44,9 +43,15 @@ from ..grammar.schema import (
     load_schema,
 )
 from ..messages import Message
-from ..templates import BUNDLED, ChatTemplate, Segment, fold_system, tokenize_segments
+from ..templates import ChatTemplate, Segment, fold_system, tokenize_segments
 from ..tools.definition import Tool, check_tools
-from ..tools.detect import detect_dialect, history_for, tool_setup
+from ..tools.detect import (
+    detect_dialect,
+    generic_messages,
+    history_for,
+    tool_reasoning,
+    tool_setup,
+)
 from ..tools.dialects import Dialect
 from ..tools.grammar import markup_for, opening_tokens, tool_grammar
 
@@ -134,6 +139,10 @@ class TurnPlan:
     """``tool_choice="auto"`` decided at the first token (``tool_call_threshold``)."""
     dialect: Dialect | None = None
     """With tools: the dialect the calls are written in."""
+    tool_thinking: bool = False
+    """With tools: the reply may open with the dialect's think block."""
+    think_opened: bool = False
+    """The prompt opened the think block (the reply begins inside it)."""
     logprobs: int | None = None
     """Record per-token log-probabilities with this many alternatives (None: off)."""
     probabilities: bool | tuple[str, ...] = False
@@ -180,15 +189,21 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     stop_token = turn_stop_token(engine, template)
     thinking = (schema is not None or constraint is not None) and not tools \
         and not ctx.no_think and template.supports_thinking
-    after_tools = text is None and bool(ctx.history) and ctx.history[-1].role == "tool"
-    grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
-                             thinking=thinking, after_tools=after_tools, dialect=dialect)
     messages = (*ctx.history, *([user] if user else []))
     history_dialect = dialect
     if dialect is None and any(m.tool_calls for m in messages):
         history_dialect = detect_dialect(template)  # earlier calls in its form (ids, ...)
-    prompt = _render(ctx, template, list(messages), tools, thinking=thinking,
-                     dialect=history_dialect)
+    prompt, prompt_text = _render(ctx, template, list(messages), tools, thinking=thinking,
+                                  dialect=history_dialect)
+    think_budget, think_opened = None, False
+    decided_first = opts.threshold_given and opts.tool_choice == "auto"
+    if dialect is not None and not ctx.no_think and not decided_first:
+        dialect, think_opened = tool_reasoning(dialect, prompt_text)
+        if dialect.reasoning is not None:
+            think_budget = max(1, min(ctx.think_budget, opts.max_tokens // 2))
+    grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
+                             thinking=thinking, dialect=dialect,
+                             think=(think_budget, think_opened))
     if len(prompt) + opts.max_tokens > engine.n_ctx_seq:
         raise ContextOverflow(len(prompt), opts.max_tokens, engine.n_ctx_seq)
     return TurnPlan(prompt=prompt, stop_ids=frozenset({stop_token, engine.eos_id}),
@@ -197,6 +212,7 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
                     constraint=grammar, thinking=thinking, stop_strings=opts.stop,
                     tools=tuple(tools), user=user, speculative=opts.speculative,
                     stop_token=stop_token, messages=messages, auto_call=auto, dialect=dialect,
+                    tool_thinking=think_budget is not None, think_opened=think_opened,
                     logprobs=opts.logprobs, probabilities=opts.probabilities,
                     schema=loaded.doc if loaded is not None else
                     schema.source if isinstance(schema, Constraint) else None,
@@ -205,16 +221,17 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
 
 def _grammar(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
              loaded: LoadedSchema | None, schema: SchemaArg, opts: CallOptions, *,
-             stop_token: int, thinking: bool, after_tools: bool, dialect: Dialect | None
+             stop_token: int, thinking: bool, dialect: Dialect | None,
+             think: tuple[int | None, bool] = (None, False)
              ) -> tuple[Constraint | None, AutoCall | None]:
     """The turn's grammar (from the engine's cache) and, for tools, the first-token
     decision of ``tool_choice="auto"``."""
     engine = ctx.engine
     if tools and dialect is not None:
         return (_tools_constraint(engine, tools, loaded, schema, opts.tool_choice,
-                                  opts.parallel_tool_calls, stop_token, dialect),
+                                  opts.parallel_tool_calls, stop_token, dialect, think),
                 _auto_call(ctx, template, tools, loaded, schema, opts, stop_token,
-                           after_tools=after_tools, dialect=dialect))
+                           dialect=dialect, think=think))
     if isinstance(schema, Constraint):
         if schema.kind != "json_schema":
             raise InvalidParameter("schema", "a Constraint given as schema= must be JSON")
@@ -271,9 +288,15 @@ def turn_stop_token(engine: Vocabulary, template: ChatTemplate) -> int:
 
 
 def _render(ctx: TurnContext, template: ChatTemplate, messages: list[Message],
-            tools: list[Tool], *, thinking: bool, dialect: Dialect | None) -> list[int]:
+            tools: list[Tool], *, thinking: bool,
+            dialect: Dialect | None) -> tuple[list[int], str]:
+    """The prompt's token ids and its text."""
     engine = ctx.engine
-    if dialect is not None:
+    definitions = [t.definition.for_template() for t in tools] or None
+    if dialect is not None and dialect.name == "generic":
+        messages = generic_messages(messages, definitions or [])
+        definitions = None
+    elif dialect is not None:
         messages = history_for(messages, dialect)
     if messages and messages[0].role == "system" and not template.supports_system:
         _log.info("template %r has no system role: the system prompt opens the first user "
@@ -282,7 +305,7 @@ def _render(ctx: TurnContext, template: ChatTemplate, messages: list[Message],
     segments = template.render(
         messages,
         add_generation_prompt=True,
-        tools=[t.definition.for_template() for t in tools] or None,
+        tools=definitions,
         enable_thinking=(False if ctx.no_think else None) if template.supports_thinking
         else None,
         bos_token=engine.detokenize([engine.bos_id]) if engine.bos_id >= 0 else "",
@@ -297,19 +320,21 @@ def _render(ctx: TurnContext, template: ChatTemplate, messages: list[Message],
     prompt = tokenize_segments(engine, segments)
     if engine.add_bos and (not prompt or prompt[0] != engine.bos_id):
         prompt.insert(0, engine.bos_id)
-    return prompt
+    return prompt, "".join(seg.text for seg in segments)
 
 
 def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchema | None,
                       schema: SchemaArg, choice: str, parallel: bool | int,
-                      stop_token: int, dialect: Dialect) -> Constraint:
+                      stop_token: int, dialect: Dialect,
+                      think: tuple[int | None, bool] = (None, False)) -> Constraint:
     if isinstance(schema, Constraint):
         raise InvalidParameter("schema", "with tools=, give the output as a schema")
     if loaded is not None and not isinstance(loaded.doc, dict):
         raise InvalidParameter("schema", "the output schema must be an object schema")
     out_doc = loaded.doc if loaded is not None and isinstance(loaded.doc, dict) else None
     lark = tool_grammar(tools, choice, parallel=parallel, output=out_doc, dialect=dialect,
-                        markup=markup_for(engine))
+                        markup=markup_for(engine), think_budget=think[0],
+                        think_opened=think[1])
 
     def build() -> Constraint:
         made = Constraint.lark(lark, model=engine, stop_token=stop_token)
@@ -322,18 +347,13 @@ def _tools_constraint(engine: Vocabulary, tools: list[Tool], loaded: LoadedSchem
 
 def _auto_call(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
                loaded: LoadedSchema | None, schema: SchemaArg, opts: CallOptions,
-               stop_token: int, *, after_tools: bool, dialect: Dialect) -> AutoCall | None:
-    """``tool_call_threshold`` defaulted and, for ``auto`` on a local engine, the
-    decision's two grammars built (from the engine's cache).
-
-    The default applies to a reply to the user, not to the reply after tool results: it is
-    calibrated on requests (BFCL), and after a call in context a small model copies the
-    pattern (its call probability rises past any useful threshold), so an agent loop would
-    call until ``max_steps``; there the model's own sampling decides."""
-    threshold = opts.tool_call_threshold
-    if not opts.threshold_given:
-        threshold = (AUTO_CALL_THRESHOLD if template.name in BUNDLED and not after_tools
-                     and ctx.local else None)
+               stop_token: int, *, dialect: Dialect,
+               think: tuple[int | None, bool]) -> AutoCall | None:
+    """For ``auto`` with a ``tool_call_threshold`` given (an opt-in: by default the model's
+    own sampling chooses between text and calls as it writes), the first-token decision's
+    two grammars (from the engine's cache). ``AUTO_CALL_THRESHOLD`` is the value calibrated
+    on BFCL requests for small models without a tool format."""
+    threshold = opts.tool_call_threshold if opts.threshold_given else None
     if threshold is None or opts.tool_choice != "auto":
         return None
     _log.debug("tool_choice='auto' under the %s template: decided at the first token, a call "
@@ -345,9 +365,9 @@ def _auto_call(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
     return AutoCall(
         float(threshold), opening,
         call=_tools_constraint(engine, tools, loaded, schema, "required", parallel, stop_token,
-                               dialect),
+                               dialect, think),
         text=_tools_constraint(engine, tools, loaded, schema, "none", parallel, stop_token,
-                               dialect))
+                               dialect, think))
 
 
 def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int, *,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import re
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from ..engine.protocols import Vocabulary
 from ..errors import InvalidParameter, TemplateError, ToolFormatUnsupported
 from ..messages import Message, ToolCall
 from ..templates import ChatTemplate, single_control
-from .dialects import DIALECTS, HERMES, Dialect, render_calls
+from .dialects import DIALECTS, GENERIC, HERMES, Dialect, render_args, render_calls
 
 __all__: list[str] = []
 
@@ -59,6 +60,56 @@ def _rendered(template: ChatTemplate, calls: Sequence[ToolCall], *, as_text: boo
     segments = template.render(messages, tools=[PROBE_TOOL], add_generation_prompt=False,
                                arguments_as_text=as_text)
     return _squash("".join(s.text for s in segments))
+
+
+def assistant_rendering(template: ChatTemplate, message: Message, *,
+                        as_text: bool = False) -> str | None:
+    """What ``template`` writes for ``message`` after a user's "QUESTION": the rendering of
+    the conversation past its generation prompt (the text a model would write, end of turn
+    included), or None where the template refuses it or the prompt is not a prefix."""
+    user = Message("user", "QUESTION")
+    try:
+        prompt = "".join(s.text for s in template.render(
+            [user], tools=[PROBE_TOOL], add_generation_prompt=True, arguments_as_text=as_text))
+        full = "".join(s.text for s in template.render(
+            [user, message], tools=[PROBE_TOOL], add_generation_prompt=False,
+            arguments_as_text=as_text))
+    except TemplateError:
+        return None
+    return full[len(prompt):] if full.startswith(prompt) else None
+
+
+def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
+    """What the template's renderings say beyond the markers: the JSON separators inside
+    arguments, whether text may precede the calls, the think block's markup."""
+    call = PROBE_CALLS[0]
+    one = assistant_rendering(template, Message("assistant", "", tool_calls=(call,)),
+                              as_text=as_text) or ""
+    seps = d.json_separators
+    if d.args.kind == "json":
+        for candidate in ((", ", ": "), (",", ":")):
+            if render_args(d.args, call.arguments, candidate) in one:
+                seps = candidate
+                break
+    else:
+        seps = (", ", ": ")  # nested values come from tojson
+    d = dataclasses.replace(d, json_separators=seps)
+    head = d.trigger.split()[0] if d.trigger.split() else ""
+    said = assistant_rendering(template, Message("assistant", "PROBETEXT", tool_calls=(call,)),
+                               as_text=as_text) or ""
+    at = said.find("PROBETEXT")
+    before = at >= 0 and bool(head) and said.find(head, at) >= 0 and \
+        not said[at + len("PROBETEXT"):said.find(head, at)].strip()
+    thought = assistant_rendering(template, Message("assistant", "", reasoning="PROBETHINK",
+                                                    tool_calls=(call,)), as_text=as_text) or ""
+    reasoning = None
+    i = thought.find("PROBETHINK")
+    k = thought.find(d.trigger, i) if d.trigger.strip() else -1
+    if i >= 0 and k > i:
+        close = thought[i + len("PROBETHINK"):k]
+        if close.strip() and (i == 0 or thought[:i].strip()):
+            reasoning = (thought[:i], close)
+    return dataclasses.replace(d, text_before=before, reasoning=reasoning)
 
 
 def _probe(template: ChatTemplate, calls: Sequence[ToolCall], *,
@@ -95,10 +146,11 @@ def _detect(source: str) -> Dialect | str | None:
             found = dataclasses.replace(found, max_calls=1)
         if as_text:
             found = dataclasses.replace(found, args_as="string")
-        return found
+        return _learn(template, found, as_text=as_text)
     for d in DIALECTS.values():
         if d.signature and all(s in source for s in d.signature):
-            return dataclasses.replace(d, renders_calls=False)
+            # chatkit writes the calls into the content, after any text
+            return dataclasses.replace(d, renders_calls=False, text_before=bool(d.section))
     try:
         seen = _rendered(template, PROBE_CALLS[:1], as_text=False)
     except TemplateError as exc:
@@ -127,7 +179,9 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
             raise ToolFormatUnsupported(template.name, f"tool_format={tool_format!r}, but the "
                                         "template renders no tools, so the model would never "
                                         "see them; pass a template that does")
-        return template, DIALECTS[tool_format]
+        chosen = DIALECTS[tool_format]
+        return template, (chosen if chosen is GENERIC else _learn(template, chosen,
+                                                                   as_text=False))
     found = _detect(template.source)
     if isinstance(found, Dialect):
         _log.debug("tools: template %r writes %r calls", template.name, found.name)
@@ -138,11 +192,81 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
             f"{found or 'nothing'!r}, which matches no dialect chatkit writes; pass "
             "tool_format= (one of " + ", ".join(DIALECTS) + ")")
     if not (single_control(engine, "<|im_start|>") and single_control(engine, "<|im_end|>")):
-        raise ToolFormatUnsupported(template.name, "the template has no tool-call format "
-                                    "and the vocabulary no ChatML control tokens to carry "
-                                    "the Hermes one; pass template= a tool template")
+        _say_generic(template.name)
+        return template, GENERIC
     _log.info("tools: bundled 'hermes' template (%r has no tool format)", template.name)
     return ChatTemplate.bundled("hermes"), HERMES
+
+
+@functools.lru_cache(maxsize=64)
+def _say_generic(name: str) -> None:
+    """Logged once per template: tools through the generic fallback."""
+    _log.info("tools: template %r has no tool syntax: the tools are described in the system "
+              "turn and calls are written as a JSON envelope (tool_format='generic')", name)
+
+
+GENERIC_INSTRUCTIONS = (
+    "You can call tools. They are described below as JSON Schema.\n{tools}\n\n"
+    "Reply with one JSON object: either {{\"tool_calls\": [{{\"name\": \"TOOL_NAME\", "
+    "\"arguments\": {{...}}}}]}} to call tools, or {{\"response\": \"...\"}} to answer "
+    "directly.")
+"""The system text the generic fallback adds (``{tools}``: one JSON line per tool)."""
+
+
+def generic_messages(messages: Sequence[Message],
+                     tools: Sequence[dict[str, object]]) -> list[Message]:
+    """Messages for a template with no tool syntax: the tools described in the system turn
+    (added to it, or a new one), each assistant call as the generic JSON in its content,
+    and tool results as a user turn holding ``{"tool_response": ...}`` objects
+    (consecutive results in one turn, as templates that alternate roles need)."""
+    described = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+    note = GENERIC_INSTRUCTIONS.format(tools=described)
+    out: list[Message] = []
+    if tools:
+        if messages and messages[0].role == "system":
+            out.append(dataclasses.replace(messages[0],
+                                           content=messages[0].content + "\n\n" + note))
+            messages = messages[1:]
+        else:
+            out.append(Message("system", note))
+    results = False  # the last turn out holds tool results
+    for m in history_for(messages, GENERIC):
+        if m.role != "tool":
+            out.append(m)
+            results = False
+            continue
+        body = json.dumps({"tool_response": {"name": m.name, "content": m.content}},
+                          ensure_ascii=False)
+        if results:
+            out[-1] = dataclasses.replace(out[-1], content=out[-1].content + "\n" + body)
+        else:
+            out.append(Message("user", body))
+            results = True
+    return out
+
+
+THINK_OPENERS = {"<think>": "</think>", "[THINK]": "[/THINK]", "<seed:think>": "</seed:think>"}
+"""Think blocks a generation prompt may open although the template renders no reasoning
+(DeepSeek R1's ``<think>\n``): opening and closing markup."""
+
+
+def tool_reasoning(dialect: Dialect, prompt: str) -> tuple[Dialect, bool]:
+    """The dialect's think block for a turn whose prompt text is ``prompt``, and whether the
+    prompt opened it: none where the prompt closed an empty block already (thinking off);
+    the family's opener where the prompt ends with one the template renders no reasoning
+    for."""
+    tail = prompt.rstrip()
+    if dialect.reasoning is not None:
+        open_, close = (m.strip() for m in dialect.reasoning)
+        before = tail[: len(tail) - len(close)].rstrip() if tail.endswith(close) else None
+        if before is not None and any(before.endswith(o) for o in (open_ or "\0",
+                                                                     *THINK_OPENERS)):
+            return dataclasses.replace(dialect, reasoning=None), False
+        return dialect, not open_ or tail.endswith(open_)
+    for opener, closer in THINK_OPENERS.items():
+        if tail.endswith(opener):
+            return dataclasses.replace(dialect, reasoning=(opener, closer + "\n\n")), True
+    return dialect, False
 
 
 def history_for(messages: Sequence[Message], dialect: Dialect) -> list[Message]:

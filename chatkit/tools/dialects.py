@@ -106,6 +106,19 @@ class Dialect:
     calls then go into the assistant's content, in this dialect's markup."""
     signature: tuple[str, ...] = field(default=())
     """For templates that never render calls: source text that identifies the family."""
+    # -- learned from the template's renderings (detect.py), as the family writes a turn
+    json_separators: tuple[str, str] = (",", ":")
+    """JSON's item and key separators inside arguments, as the template writes them
+    (``tojson`` writes ``", "`` and ``": "``; compact where it strips them)."""
+    text_before: bool = False
+    """A turn may say text before its calls (the template renders content, then calls);
+    only where the calls open with markup, so the text's end is unambiguous."""
+    reasoning: tuple[str, str] | None = None
+    """The think block's opening and closing markup as the template writes it before a
+    reply (``("<think>\n", "\n</think>\n\n")``), where it renders reasoning."""
+    text_json: bool = False
+    """Plain text is written as a JSON string inside ``text_open`` / ``text_close`` (the
+    generic envelope's ``{"response": ...}``)."""
 
     @property
     def trigger(self) -> str:
@@ -155,21 +168,22 @@ def _py_value(value: Any, quote: str) -> str:
     return _json(value)
 
 
-def _json(value: Any) -> str:
-    # compact, as the grammar writes it (detection compares whitespace aside)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def _json(value: Any, separators: tuple[str, str] = (",", ":")) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=separators)
 
 
-def render_args(args: Args, arguments: dict[str, Any]) -> str:
-    """Arguments in the dialect's encoding (strings raw in XML), JSON compact."""
+def render_args(args: Args, arguments: dict[str, Any],
+                separators: tuple[str, str] = (",", ":")) -> str:
+    """Arguments in the dialect's encoding (strings raw in XML), JSON with ``separators``
+    (the dialect's ``json_separators``)."""
     if args.kind == "json":
-        return _json(arguments)
+        return _json(arguments, separators)
     if args.kind == "python":
         return args.separator.join(f"{k}={_py_value(v, args.quote)}"
                                    for k, v in arguments.items())
     parts = []
     for key, value in arguments.items():
-        text = value if isinstance(value, str) else _json(value)
+        text = value if isinstance(value, str) else _json(value, separators)
         parts.append(f"{args.key_open}{key}{args.key_close}{text}{args.value_close}")
     return "".join(parts)
 
@@ -188,7 +202,7 @@ def render_call(dialect: Dialect, call: ToolCall, index: int) -> str:
         elif piece is INDEX:
             out.append(str(index))
         else:
-            out.append(render_args(dialect.args, call.arguments))
+            out.append(render_args(dialect.args, call.arguments, dialect.json_separators))
     return "".join(out)
 
 
@@ -301,9 +315,18 @@ LFM2_CONTENT = Dialect(
     "lfm2-content", LFM2.call, section=LFM2.section, separator=LFM2.separator, args=LFM2.args,
     renders_calls=False, signature=("<|tool_list_start|>",), families=("LFM2",))
 
+GENERIC = Dialect(
+    "generic", ('{"name": "', NAME, '", "arguments": ', ARGS, "}"),
+    section=('{"tool_calls": [', "]}"), separator=", ", text_open='{"response": ',
+    text_close="}", text_json=True, renders_calls=False, json_separators=(", ", ": "),
+    families=("any template without tool syntax (llama-server's generic format)",))
+"""The fallback for a template with no tool syntax: the tools are described in the system
+turn (:func:`.detect.generic_system`), a reply is one JSON object, ``{"tool_calls": [...]}``
+or ``{"response": "..."}``, and the history carries calls and results as that JSON."""
+
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT)}
+    LFM2, LFM2_CONTENT, GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

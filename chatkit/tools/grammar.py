@@ -20,6 +20,7 @@ or added token is that token id (``<[id]>``), anything else literal text.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +35,6 @@ from .dialects import ARGS, HERMES, ID, INDEX, NAME, Args, Dialect
 
 __all__: list[str] = []
 
-_COMPACT = json_options()
 DEFAULT_MAX_CALLS = 4
 RAW_STRING_MAX = 8192
 """Characters an XML dialect's raw string value may hold when its schema sets no
@@ -116,6 +116,12 @@ def _string_values(schema: dict[str, Any]) -> list[str] | None:
     return list(values)
 
 
+def _json_options(dialect: Dialect) -> dict[str, Any]:
+    """llguidance's JSON options with the dialect's separators (the template's own)."""
+    item_sep, key_sep = dialect.json_separators
+    return {**json_options(), "item_separator": item_sep, "key_separator": key_sep}
+
+
 class _Builder:
     """Collects the rules of one tool grammar."""
 
@@ -123,13 +129,28 @@ class _Builder:
         self.dialect = dialect
         self.lit = lit
         self.rules: list[str] = []
+        self.arg_rules: list[str] = []
+        """Per callable tool, its arguments' rule (made once, shared by every call)."""
+        self.made: set[str] = set()
 
     def add(self, name: str, body: str) -> str:
         self.rules.append(f"{name}: {body}")
         return name
 
+    def markup(self, text: str) -> str:
+        """Call markup as Lark, its line breaks optional: a family's templates differ in
+        the layout around the same markers (a newline after ``<tool_call>`` or none), and
+        a model writes the one it was trained on; spaces stay as written."""
+        out = []
+        for run in re.split(r"(\s*\n\s*)", text):
+            if not run:
+                continue
+            lark = self.lit(run)
+            out.append(f"({lark})?" if not run.strip() else lark)
+        return " ".join(out)
+
     def json_value(self, name: str, schema: dict[str, Any]) -> str:
-        doc = {**bound_numbers(schema), "x-guidance": _COMPACT}
+        doc = {**bound_numbers(schema), "x-guidance": _json_options(self.dialect)}
         return self.add(name, f"%json {json.dumps(doc)}")
 
     # -- arguments
@@ -154,7 +175,7 @@ class _Builder:
         a: Args = self.dialect.args
         parts = []
         for key, value, required in items:  # each value rule ends with value_close
-            one = f"{self.lit(a.key_open + key + a.key_close)} {value}"
+            one = f"{self.markup(a.key_open + key + a.key_close)} {value}"
             parts.append(one if required else f"({one})?")
         return " ".join(parts)
 
@@ -166,11 +187,11 @@ class _Builder:
         close = self.dialect.args.value_close
         if not resolves_to_string(schema):
             value = self.json_value(name, schema if isinstance(schema, dict) else {})
-            return f"{value} {self.lit(close)}"
+            return f"{value} {self.markup(close)}"
         values = schema.get("enum", [schema["const"]] if "const" in schema else None)
         if values:
             alts = self.add(name, " | ".join(text_markup(v) or '""' for v in values))
-            return f"{alts} {self.lit(close)}"
+            return f"{alts} {self.markup(close)}"
         lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
         span = f"{{{lo},{hi}}}"
         core = close.strip()
@@ -180,9 +201,10 @@ class _Builder:
         # never the marker inside: the parser ends a value at its first marker
         self.rules.append(f"{terminal}: /(?s:.{span})/ & ~/(?s:.*{_regex_text(core)}.*)/")
         if "<[" in self.lit(core):
-            return f"{terminal} {self.lit(close)}"
-        self.rules.append(f"{name}[lazy]: {terminal} {text_markup(lead + core)}")
-        return f"{name} {self.lit(tail)}" if tail else name
+            return f"{terminal} {self.markup(close)}"
+        before = f"({text_markup(lead)})? " if lead else ""
+        self.rules.append(f"{name}[lazy]: {terminal} {before}{text_markup(core)}")
+        return f"{name} {self.markup(tail)}" if tail else name
 
     def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str:
         """``k=v`` joined by the separator: required ones always, optional ones maybe, no
@@ -222,12 +244,18 @@ class _Builder:
         return self.json_value(name, schema if isinstance(schema, dict) else {})
 
     # -- calls
-    def call(self, name: str, tool: Tool, args_rule: str, index: int) -> str:
+    def call(self, name: str, tool: Tool, args_rule: str, index: int, *,
+             strip: str = "") -> str:
+        """One call of ``tool``; ``strip``: markup already written before the call's first
+        literal piece (a lead took it)."""
         d = self.dialect
         parts = []
-        for piece in d.call:
+        for k, piece in enumerate(d.call):
             if isinstance(piece, str):
-                parts.append(self.lit(piece))
+                if k == 0 and strip:
+                    assert piece.startswith(strip), (piece, strip)
+                    piece = piece[len(strip):]
+                parts.append(self.markup(piece))
             elif piece is NAME:
                 parts.append(self.lit(tool.name))
             elif piece is ID:
@@ -247,28 +275,47 @@ def _py_literal(value: str, quote: str) -> str:
     return f"{quote}{body}{quote}"
 
 
-def _plain(dialect: Dialect) -> str:
-    """Free text, never empty (an empty turn is neither an answer nor a call) and never the
-    call opening: the opening's first word, where it is markup (``<tool_call>``,
-    ``[TOOL_CALLS]``, ``<|START_ACTION|>[``), nowhere in it; otherwise (``{"name":``, a bare
-    ``[``) only not at its start, since calls open a reply and never follow text. Where the
-    text has a closing marker (Command R7B's ``<|END_RESPONSE|>``), the text never holds it."""
-    banned = []
+def call_head(dialect: Dialect) -> str:
+    """The markup word a turn's calls open with (``<tool_call>``, ``[TOOL_CALLS][``), or ""
+    where calls open with a name, JSON or a bare bracket (text could not end before it)."""
     words = dialect.trigger.split()
-    if words:
-        head = words[0]
-        anywhere = len(head) > 3 and head[0] in "<[" and any(c in head[1:] for c in ">]")
-        banned.append(("(?s:.*" if anywhere else "(?s:\\s*") + _regex_text(head) + ".*)")
+    head = words[0] if words else ""
+    markup = len(head) > 3 and head[0] in "<[" and any(c.isalpha() for c in head)
+    return head if markup else ""
+
+
+def _plain(dialect: Dialect, reasoning: bool) -> str:
+    """Free text, never empty (an empty turn is neither an answer nor a call) and never the
+    call opening: its markup word (``<tool_call>``, ``[TOOL_CALLS]``) nowhere in it;
+    otherwise (``{"name":``, a bare ``[``) not at its start. Where the text has a closing
+    marker (Command R7B's ``<|END_RESPONSE|>``), the text never holds it; with a think
+    block, text never opens with the block's marker."""
+    banned = []
+    head = call_head(dialect)
+    words = dialect.trigger.split()
+    if head:
+        banned.append("(?s:.*" + _regex_text(head) + ".*)")
+    elif words:
+        banned.append("(?s:\\s*" + _regex_text(words[0]) + ".*)")
     if dialect.text_close.strip():
         banned.append("(?s:.*" + _regex_text(dialect.text_close.strip()) + ".*)")
+    if reasoning and dialect.reasoning and dialect.reasoning[0].strip():
+        banned.append("(?s:\\s*" + _regex_text(dialect.reasoning[0].strip()) + ".*)")
     return r"PLAIN: /(?s:\s*\S.*)/" + "".join(f" & ~/{b}/" for b in banned)
 
 
 def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
                  parallel: bool | int = True, output: dict[str, Any] | None = None,
-                 dialect: Dialect = HERMES, markup: Markup = text_markup) -> str:
+                 dialect: Dialect = HERMES, markup: Markup = text_markup,
+                 think_budget: int | None = None, think_opened: bool = False) -> str:
     """The Lark grammar (llguidance dialect) for one assistant turn with ``tools``, written
     in ``dialect``; ``markup`` renders its literal text (:func:`markup_for` an engine).
+
+    The turn is shaped as the family writes it: a think block (when ``think_budget`` is
+    given and the dialect has reasoning markup; at most ``think_budget`` tokens; the
+    prompt already opened it when ``think_opened``), then under ``auto`` either text or
+    calls, with text before the calls where ``dialect.text_before``; under ``required`` and
+    a tool name, calls (after at most a line break or two of layout); under ``none``, text.
 
     ``parallel``: False for exactly one call per turn, True for up to
     ``DEFAULT_MAX_CALLS`` (a small model would otherwise repeat calls until
@@ -281,39 +328,116 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
     tool_choice = check_tool_choice(tool_choice, [t.name for t in tools])
     callable_tools = [t for t in tools if tool_choice in TOOL_CHOICES or t.name == tool_choice]
     b = _Builder(dialect, markup)
-    free = "answer" if output is not None else "PLAIN"
-    close = markup(dialect.text_close)
-    if close and output is None and "<[" not in close:
-        # text closed by text: one lazy lexeme, as a greedy one would swallow the marker
-        b.rules.append(f"text[lazy]: PLAIN {close}")
-        free, close = "text", ""
-    free = " ".join(p for p in (markup(dialect.text_open), free, close) if p)
-    lines = [{"auto": f"start: {free} | calls", "none": f"start: {free}"}.get(
-        tool_choice, "start: calls")]
-    if tool_choice != "none":
-        lines.append(_calls(b, callable_tools, max_calls))
-    if output is not None:
-        answer = {**bound_numbers(closed_objects(output)), "x-guidance": _COMPACT}
-        lines.append(f"answer: %json {json.dumps(answer)}")
+    reason = think_budget is not None and dialect.reasoning is not None
+    free = _free(b, output)
+    if tool_choice == "none":
+        body = free
     else:
-        lines.append(_plain(dialect))
+        calls = _calls(b, callable_tools, max_calls)
+        lead = _lead(b, callable_tools, max_calls, text=tool_choice == "auto")
+        body = " | ".join(p for p in (free if tool_choice == "auto" else "", calls, lead) if p)
+    lines = [f"start: {_reasoning(b, think_budget, think_opened)} ({body})" if reason
+             else f"start: {body}"]
+    if output is None and not dialect.text_json:
+        lines.append(_plain(dialect, reason))
     return "\n".join(lines + b.rules) + "\n"
 
 
-def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int) -> str:
+def _free(b: _Builder, output: dict[str, Any] | None) -> str:
+    """The text alternative: plain text (or the output schema's JSON) in the dialect's
+    text wrapper; a JSON string where the dialect writes text as JSON."""
+    d, lit = b.dialect, b.lit
+    if output is not None:
+        answer = {**bound_numbers(closed_objects(output)),
+                  "x-guidance": _json_options(d)}
+        free = b.add("answer", f"%json {json.dumps(answer)}")
+    elif d.text_json:
+        free = b.add("answer", '%json {"type": "string"}')
+    else:
+        free = "PLAIN"
+    close = lit(d.text_close)
+    if close and free == "PLAIN" and "<[" not in close:
+        # text closed by text: one lazy lexeme, as a greedy one would swallow the marker
+        b.rules.append(f"text[lazy]: PLAIN {close}")
+        free, close = "text", ""
+    return " ".join(p for p in (lit(d.text_open), free, close) if p)
+
+
+def _lead(b: _Builder, tools: Sequence[Tool], max_calls: int, *, text: bool) -> str:
+    """Calls after a lead: text (``text``, where the family writes text before its calls)
+    or a line break or two of layout, ending where the calls' markup word begins. Where the
+    word is text, the lead and the word are one lazy lexeme (a greedy text lexeme would
+    swallow the word) and the calls continue after it; where it is a token, text ends at
+    the token. "" when the dialect's calls open with no markup word."""
+    head = call_head(b.dialect)
+    if not head:
+        return ""
+    text = text and b.dialect.text_before
+    pattern = "(?s:.*)" if text else "[ \\t]?\\n{1,2}"
+    word = b.lit(head)
+    if word.startswith("<["):
+        b.rules.append(f"LEAD: /{pattern}/" + (f" & ~/(?s:.*{_regex_text(head)}.*)/"
+                                                 if text else ""))
+        return "LEAD calls"
+    b.rules.append(f"LEAD: /{pattern}/ & ~/(?s:.*{_regex_text(head)}.*)/")
+    b.rules.append(f"lead[lazy]: LEAD {word}")
+    return "lead " + _calls(b, tools, max_calls, after=head, name="calls_after")
+
+
+def _reasoning(b: _Builder, budget: int | None, opened: bool) -> str:
+    """The think block (optional; the rule ``think`` captures its text): the dialect's
+    opening markup (unless the prompt opened it), at most ``budget`` tokens, the closing
+    markup (written by the model, or forced when the budget runs out)."""
+    assert b.dialect.reasoning is not None
+    open_, close = b.dialect.reasoning
+    core = close.strip()
+    lead_ws = close[: len(close) - len(close.lstrip())]
+    tail = b.lit(close[len(lead_ws) + len(core):])
+    mark = b.lit(core)  # the layout before it is think text
+    limit = f"max_tokens={max(1, budget or 1)}"
+    if "<[" in mark:  # the closing marker is a token: no text lexeme can match it
+        b.rules.append(f"think[capture, {limit}]: /(?s:.*)/")
+        b.add("think_end", " ".join(p for p in (mark, tail) if p))
+    else:
+        b.rules.append(f"think[capture, stop={json.dumps(core)}, {limit}]: "
+                       "/(?s:.*)/")
+        written = " ".join(p for p in (mark, tail) if p)
+        b.add("think_end", f"{tail} | {written}" if tail else f"({written})?")
+    body = "think think_end" if opened else f"{b.lit(open_)} think think_end"
+    b.add("reason", body)
+    return "reason" if opened else "reason?"
+
+
+def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int, *, after: str = "",
+           name: str = "calls") -> str:
+    """The rule ``name``: a turn's calls (the section, separators, at most ``max_calls``);
+    ``after``: the markup word the calls open with was already written (a lead took it).
+    Returns ``name``."""
     d = b.dialect
     by_position = d.ids == "index" or INDEX in d.call
-    args = [b.args(f"a{i}", t) for i, t in enumerate(tools)]
+    if not b.arg_rules:
+        b.arg_rules = [b.args(f"a{i}", t) for i, t in enumerate(tools)]
+    args, made = b.arg_rules, b.made
     positions = range(max_calls) if by_position else range(1)
     for k in positions:
-        alts = [b.call(f"t{i}_{k}", t, args[i], k) for i, t in enumerate(tools)]
-        b.add(f"call_{k}", " | ".join(alts))
-    sep = b.lit(d.separator)
+        if f"call_{k}" not in made:
+            made.add(f"call_{k}")
+            b.add(f"call_{k}", " | ".join(b.call(f"t{i}_{k}", t, args[i], k)
+                                          for i, t in enumerate(tools)))
+    first = "call_0"
+    strip_call = after and not d.section
+    if strip_call:
+        first = b.add("call_0h", " | ".join(b.call(f"t{i}_0h", t, args[i], 0, strip=after)
+                                            for i, t in enumerate(tools)))
+    sep = b.markup(d.separator)
     more = ""
     for k in range(max_calls - 1, 0, -1):  # nested optionals: at most max_calls calls
         more = f" ({sep} call_{k if by_position else 0}{more})?"
-    open_, close = (b.lit(d.section[0]), b.lit(d.section[1])) if d.section else ("", "")
-    return " ".join(p for p in ("calls:", open_, f"call_0{more}", close) if p)
+    open_, close = (b.markup(d.section[0][len(after):] if after else d.section[0]),
+                    b.markup(d.section[1])) if d.section else ("", "")
+    trail = '("\\n" | "\\n\\n")?'  # the layout some templates write after the calls
+    b.add(name, " ".join(p for p in (open_, f"{first}{more}", close, trail) if p))
+    return name
 
 
 def opening_tokens(engine: Vocabulary, dialect: Dialect = HERMES) -> NDArray[np.intp]:

@@ -20,7 +20,7 @@ from ..errors import ToolArgumentsInvalid
 from ..messages import ToolCall
 from .definition import Tool
 from .dialects import ARGS, ID, INDEX, NAME, Dialect
-from .grammar import resolves_to_string
+from .grammar import call_head, resolves_to_string
 
 __all__: list[str] = []
 
@@ -143,7 +143,8 @@ class _Scanner:
         close = a.value_close.strip()
         while self._continues(pos, a.key_open):
             pos = _expect(self.text, pos, a.key_open)
-            end = self.text.find(a.key_close.strip() or a.key_close, pos)
+            end = self.text.find(a.key_close.split()[0] if a.key_close.strip()
+                                 else a.key_close, pos)
             if end < 0:
                 raise _NoMatch(pos, a.key_close)
             key = self.text[pos:end].strip()
@@ -249,23 +250,60 @@ def scan_calls(text: str, dialect: Dialect, tools: Sequence[Tool]) -> list[Scann
             return found
 
 
+def split_reasoning(text: str, dialect: Dialect, *, opened: bool) -> tuple[str | None, str]:
+    """A reply's think text (None: it wrote no think block) and the rest, by the dialect's
+    think markup; ``opened``: the prompt opened the block, the reply begins inside it."""
+    if dialect.reasoning is None:
+        return None, text
+    open_, close = (m.strip() for m in dialect.reasoning)
+    rest = text
+    if not opened:
+        stripped = text.lstrip()
+        if not open_ or not stripped.startswith(open_):
+            return None, text
+        rest = stripped[len(open_):]
+    end = rest.find(close)
+    if end < 0:
+        return rest.strip(), ""
+    return rest[:end].strip(), rest[end + len(close):]
+
+
+def _lead(text: str, dialect: Dialect) -> tuple[str, str]:
+    """Text written before the calls' markup word, and the rest (the calls, or all of the
+    text where it holds no call)."""
+    head = call_head(dialect)
+    at = text.find(head) if head else -1
+    if at <= 0:
+        return "", text
+    return text[:at], text[at:]
+
+
 def parse_calls(text: str, tools: Sequence[Tool],
                 dialect: Dialect | None = None) -> tuple[str, list[ToolCall]]:
     """Split a reply into its text and its validated calls.
 
-    A reply is either text (the dialect's text wrapper removed) or calls. Raises
+    A reply is text (the dialect's text wrapper removed; a JSON string where the dialect
+    writes text as JSON), calls, or text then calls where the family writes that. Raises
     ``ToolArgumentsInvalid`` for calls that do not read as the dialect writes them, name
     no tool, or whose arguments fail the tool's validator.
     """
     from .dialects import HERMES
 
     d = dialect or HERMES
+    lead, text = _lead(text, d)
     if not starts_calls(text, d):
-        body = text
-        if d.text_open and body.startswith(d.text_open):
-            body = body[len(d.text_open):]
-        if d.text_close and body.endswith(d.text_close):
-            body = body[: -len(d.text_close)]
+        body = lead + text
+        if d.text_open and body.lstrip().startswith(d.text_open):
+            body = body.lstrip()[len(d.text_open):]
+        if d.text_close and body.rstrip().endswith(d.text_close):
+            body = body.rstrip()[: -len(d.text_close)]
+        if d.text_json:
+            try:
+                value = json.loads(body)
+            except ValueError:
+                value = None
+            if isinstance(value, str):
+                return value, []
         return body.strip(), []
     scanner = _Scanner(text, d, tools)
     try:
@@ -286,4 +324,4 @@ def parse_calls(text: str, tools: Sequence[Tool],
         calls.append(ToolCall(id=ident, name=sc.name,
                               arguments=dict(sc.arguments) if isinstance(sc.arguments, dict)
                               else {}, parsed=parsed))
-    return "", calls
+    return lead.strip(), calls
