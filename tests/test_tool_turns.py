@@ -20,7 +20,6 @@ from typing import Any
 import llguidance
 import pytest
 
-from chatkit.errors import TemplateError, ToolFormatUnsupported
 from chatkit.messages import Message, ToolCall
 from chatkit.templates import ChatTemplate
 from chatkit.tools.definition import check_tools, tool
@@ -194,7 +193,7 @@ def summary() -> dict[str, Any]:
         for shape in SHAPES:
             try:
                 why = check_turn(t, d, shape)
-            except (TemplateError, ToolFormatUnsupported, Exception) as exc:  # noqa: BLE001
+            except Exception as exc:
                 why = f"{shape}: {type(exc).__name__}: {exc}"
             if why:
                 out["fail"].setdefault(p.stem, []).append(why[:200])

@@ -265,9 +265,14 @@ def _byte_tokenizer() -> Any:
 def grammar_problem(grammar: str) -> str | None:
     """What llguidance reports when it builds a matcher for ``grammar`` (over a byte-level
     tokenizer: no model needed), or None. Catches what validation alone lets through
-    (``$ref`` cycles, lexer limits such as ``a{1000000}``) before any model loads."""
+    (``$ref`` cycles, lexer limits such as ``a{1000000}``) before any model loads. A grammar
+    naming a model's token ids (``<[151657]>``) beyond that tokenizer is left to the model's
+    own matcher (its first mask)."""
     llguidance = bare_import.llguidance()
-    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0,
+    byte = _byte_tokenizer()
+    if any(int(i) >= byte.vocab_size for i in re.findall(r"<\[(\d+)\]>", grammar)):
+        return None
+    matcher = llguidance.LLMatcher(byte, grammar, log_level=0,
                                    limits=native_limits())
     if not matcher.is_error():
         matcher.compute_bitmask()  # the first mask: an empty language errors here

@@ -44,6 +44,19 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
+def _deltas(turn: Turn) -> ReplyDeltas:
+    """The stream reader of a held turn: its think block (a tool turn's is optional unless
+    the prompt opened it) and its calls in the turn's dialect."""
+    plan, dialect = turn.plan, turn.dialect
+    think = plan.tool_thinking and dialect is not None and dialect.reasoning is not None
+    markers = dialect.reasoning if think and dialect is not None and dialect.reasoning \
+        else ("", "")
+    return ReplyDeltas(thinking=turn.thinking or (think and plan.think_opened),
+                       tools=turn.has_tools, dialect=dialect, tool_list=turn.tools,
+                       think_open="" if plan.think_opened else markers[0],
+                       think_close=markers[1])
+
+
 @dataclass
 class Lane:
     """One choice of a response, as it streams."""
@@ -170,9 +183,7 @@ class Lanes:
                 # the claim comes back when the loop lets go of the turn, whatever happens
                 ticket.on_close.append(functools.partial(self.kv.give_back, turn.kv))
                 hold = turn.has_tools or turn.thinking
-                lanes.append(Lane(ticket, hold=hold, deltas=ReplyDeltas(
-                    thinking=turn.thinking, tools=turn.has_tools, dialect=turn.dialect,
-                    tool_list=turn.tools) if hold else None))
+                lanes.append(Lane(ticket, hold=hold, deltas=_deltas(turn) if hold else None))
         except EngineBusy:
             for lane in lanes:
                 lane.ticket.cancel()

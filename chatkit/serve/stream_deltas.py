@@ -21,6 +21,7 @@ from typing import Any
 from ..messages import Reply
 from ..tools.definition import Tool
 from ..tools.dialects import HERMES, Dialect
+from ..tools.grammar import call_head
 from ..tools.parser import scan_calls
 
 __all__: list[str] = []
@@ -77,13 +78,21 @@ class ReplyDeltas:
     block; ``tools``: it may be ``<tool_call>`` blocks)."""
 
     def __init__(self, *, thinking: bool, tools: bool, dialect: Dialect | None = None,
-                 tool_list: tuple[Tool, ...] = ()) -> None:
+                 tool_list: tuple[Tool, ...] = (), think_open: str = "",
+                 think_close: str = THINK_CLOSE) -> None:
+        """``thinking``: the reply begins inside a think block; ``think_open``: it may open
+        one with this markup (a tool turn's optional think block); ``think_close``: the
+        block's closing markup."""
         self.tools = tools
         self.dialect = dialect or HERMES
         self.hermes = self.dialect.name == HERMES.name
         self.tool_list = tool_list
+        self.head = call_head(self.dialect) if tools else ""
+        """The calls' markup word: text before it is content, the calls begin at it."""
         self.start = 0  # where the calls begin (other dialects)
-        self.phase = "think" if thinking else "body"
+        self.think_open = think_open.strip()
+        self.think_close = think_close.strip() or THINK_CLOSE
+        self.phase = "think" if thinking else "open" if self.think_open else "body"
         self.text = ""
         self.pos = 0
         self.reasoning = ""
@@ -108,13 +117,23 @@ class ReplyDeltas:
         rest = self.text[self.pos:]
         if not rest:
             return None
+        if self.phase == "open":  # an optional think block
+            probe = rest.lstrip()
+            if len(probe) < len(self.think_open) and self.think_open.startswith(probe):
+                return None
+            if probe.startswith(self.think_open):
+                self.pos += len(rest) - len(probe) + len(self.think_open)
+                self.phase = "think"
+            else:
+                self.phase = "body"
+            return {}
         if self.phase == "think":
-            end = rest.find(THINK_CLOSE)
+            end = rest.find(self.think_close)
             if end >= 0:
-                self.pos += end + len(THINK_CLOSE)
+                self.pos += end + len(self.think_close)
                 self.phase = "gap"
                 return self._reasoning(rest[:end])
-            safe = len(rest) - _held(rest, THINK_CLOSE)
+            safe = len(rest) - _held(rest, self.think_close)
             if safe <= 0:
                 return None
             self.pos += safe
@@ -127,6 +146,11 @@ class ReplyDeltas:
             return {}
         if self.mode is None:
             return self._choose(rest)
+        if self.mode == "content" and self.dialect.text_json:
+            self.pos = len(self.text)  # a JSON string: said whole by finish()
+            return None
+        if self.mode == "content" and self.head:
+            return self._content_then_calls(rest)
         if self.mode == "content":
             close = self.dialect.text_close
             keep = _held(rest, close) if close else 0
@@ -143,6 +167,31 @@ class ReplyDeltas:
         if not self.hermes:
             return self._scanned()
         return self._call_step(rest)
+
+    def _content_then_calls(self, rest: str) -> dict[str, Any] | None:
+        """Content up to the calls' markup word (held back while it may be forming); the
+        calls from there."""
+        at = rest.find(self.head)
+        if at >= 0:
+            self.mode = "calls"
+            self.pos += at
+            self.start = self.pos
+            text = rest[:at].rstrip() if not self.content else rest[:at]
+            if not text.strip() and not self.content:
+                return {}
+            self.content += text
+            return {"content": text} if text else {}
+        keep = _held(rest, self.head)
+        if len(rest) == keep:
+            return None
+        text = rest[: len(rest) - keep]
+        self.pos += len(text)
+        if not self.content:
+            text = text.lstrip()
+            if not text:
+                return {}
+        self.content += text
+        return {"content": text}
 
     def _choose(self, rest: str) -> dict[str, Any] | None:
         """Content or calls, once the body's start says which (None: not yet)."""

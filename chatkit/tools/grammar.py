@@ -352,7 +352,7 @@ def _free(b: _Builder, output: dict[str, Any] | None) -> str:
                   "x-guidance": _json_options(d)}
         free = b.add("answer", f"%json {json.dumps(answer)}")
     elif d.text_json:
-        free = b.add("answer", '%json {"type": "string"}')
+        free = b.add("answer", '%json {"type": "string", "pattern": "\\\\S"}')
     else:
         free = "PLAIN"
     close = lit(d.text_close)

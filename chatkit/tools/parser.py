@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -224,8 +225,9 @@ def starts_calls(text: str, dialect: Dialect) -> bool:
     """Whether a reply is calls (it opens with the dialect's call markup), not text."""
     trigger = dialect.trigger
     stripped = text.lstrip()
-    if trigger.strip():
-        return stripped.startswith(trigger.strip())
+    if trigger.strip():  # layout inside the markup as the template writes it, or none
+        return re.sub(r"\s+", "", stripped[:len(trigger) + 8]).startswith(
+            re.sub(r"\s+", "", trigger))
     return bool(stripped) and not (dialect.text_open and text.startswith(dialect.text_open))
 
 
