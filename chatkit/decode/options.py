@@ -20,7 +20,8 @@ from .sampling import LogitProcessor, Sampler, SamplingParams
 __all__ = ["TurnOptions"]
 
 AUTO_CALL_THRESHOLD = 0.004
-"""``tool_call_threshold``'s default under a bundled tool template (see ``bench bfcl``)."""
+"""The ``tool_call_threshold`` calibrated on BFCL requests for small models without a tool
+format of their own (``bench bfcl``); an opt-in value, not a default."""
 
 TOOL_CHOICES = ("auto", "required", "none")
 
@@ -57,9 +58,9 @@ class TurnOptions(TypedDict, total=False):
     tool_call_threshold: float | None
     """``tool_choice="auto"``, local engines: the reply opens a call when the model puts at
     least this probability on the call opening at its first token, else it answers in text
-    (decided, not sampled). Default ``AUTO_CALL_THRESHOLD`` under chatkit's bundled Hermes
-    template (a model without a tool format of its own) for a reply to the user, None under
-    the model's own template and after tool results: its sampling decides, as written."""
+    (decided, not sampled; no think block then). Default None: the model's own sampling
+    chooses between text and calls as it writes (``AUTO_CALL_THRESHOLD`` is the value
+    calibrated for small models without a tool format)."""
     speculative: bool
     """Grammar-drafted speculative decoding (same output, fewer forward passes)."""
     logprobs: int | None
