@@ -244,11 +244,12 @@ def test_auto_threshold_extremes_decide_every_prompt(smol: Model) -> None:
 
 
 def test_auto_without_a_threshold_is_the_models_own(smol: Model) -> None:
-    """``tool_call_threshold=None``: no first-token decision; the reply is under the ``auto``
-    grammar, where the model's own first token chooses text or a call."""
+    """No ``tool_call_threshold`` (the default): no first-token decision; the reply is under
+    the ``auto`` grammar, where the model's own sampling chooses text or a call."""
     conv = Conversation(smol)
-    assert conv.plan(RELEVANT[0], tools=TOOLS).plan.auto_call is not None  # the default
-    plan = conv.plan(RELEVANT[0], tools=TOOLS, tool_call_threshold=None).plan
+    assert conv.plan(RELEVANT[0], tools=TOOLS, tool_call_threshold=0.01).plan.auto_call \
+        is not None  # an opt-in
+    plan = conv.plan(RELEVANT[0], tools=TOOLS).plan
     assert plan.auto_call is None and plan.constraint is not None
     for text in (call("add", {"a": 2, "b": 3}), "Sure, let me check."):
         ids = smol.tokenize(text, special=False)
@@ -267,8 +268,8 @@ def test_auto_threshold_extremes_and_speculation(smol: Model) -> None:
 
 
 def test_auto_after_tool_results_is_the_models_own(smol: Model) -> None:
-    """The default threshold decides replies to the user; after tool results the model's
-    sampling does (else an agent loop on a small model calls until max_steps)."""
+    """By default the model's sampling decides, before and after tool results; a threshold
+    given decides either."""
     conv = Conversation(smol, messages=[
         {"role": "user", "content": RELEVANT[0]},
         {"role": "assistant", "content": None, "tool_calls": [
@@ -277,7 +278,7 @@ def test_auto_after_tool_results_is_the_models_own(smol: Model) -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 22 C."}])
     assert conv.plan(None, tools=TOOLS).plan.auto_call is None
     assert conv.plan(None, tools=TOOLS, tool_call_threshold=0.5).plan.auto_call is not None
-    assert conv.plan("And in Rome?", tools=TOOLS).plan.auto_call is not None
+    assert conv.plan("And in Rome?", tools=TOOLS).plan.auto_call is None
 
 
 @pytest.mark.parametrize("value, choice", [(1.5, "auto"), (-0.1, "auto"), ("0.1", "auto"),

@@ -22,7 +22,7 @@ from ..messages import Reply
 from ..tools.definition import Tool
 from ..tools.dialects import HERMES, Dialect
 from ..tools.grammar import call_head
-from ..tools.parser import scan_calls
+from ..tools.parser import ScannedCall, scan_calls, scan_head, xml_args_so_far
 
 __all__: list[str] = []
 
@@ -90,6 +90,7 @@ class ReplyDeltas:
         self.head = call_head(self.dialect) if tools else ""
         """The calls' markup word: text before it is content, the calls begin at it."""
         self.start = 0  # where the calls begin (other dialects)
+        self.cursor = 0  # where the next call begins (other dialects: after the last one)
         self.think_open = think_open.strip()
         self.think_close = think_close.strip() or THINK_CLOSE
         self.phase = "think" if thinking else "open" if self.think_open else "body"
@@ -212,29 +213,79 @@ class ReplyDeltas:
                     self.pos += len(rest) - len(probe) + len(marker)
                 self.start = self.pos
                 return {}
-        if self.tools and not opening and not self.hermes and not text_open:
-            self.mode = "calls"  # calls open with the tool's name
+        if self.tools and not opening and not self.hermes:
+            self.mode = "calls"  # calls open with the tool's name (text with text_open)
         else:
             self.mode = "content"
         self.start = self.pos
         return {}
 
     def _scanned(self) -> dict[str, Any] | None:
-        """Each call of a non-Hermes dialect as it completes (the next one begun)."""
-        body = self.text[self.start:]
+        """Non-Hermes calls as they are written: a call's id and name once its name is
+        written, then its arguments (JSON ones in fragments as written, XML-like ones a
+        parameter at a time, Python ones whole), then the next call."""
         self.pos = len(self.text)
-        done = scan_calls(body, self.dialect, self.tool_list)
-        if len(done) <= len(self.calls) or (len(done) == len(self.calls) + 1
-                                             and not self._complete(body, done[-1].end)):
+        current = self.calls[-1] if self.calls else None
+        if current is None or current["closed"]:
+            return self._next_head()
+        if not current["ended"]:
+            return self._next_arguments(current)
+        done = self._done()
+        if len(done) < len(self.calls) or not self._complete(
+                self.text[self.start:], done[len(self.calls) - 1].end):
             return None
-        sc = done[len(self.calls)]
-        call = {"id": f"call_{secrets.token_hex(12)}", "name": sc.name, "ended": True,
-                "closed": True, "arguments": json.dumps(sc.arguments, ensure_ascii=False)}
+        current["closed"] = True
+        self.cursor = self.start + done[len(self.calls) - 1].end
+        return {}
+
+    def _done(self) -> list[ScannedCall]:
+        return scan_calls(self.text[self.start:], self.dialect, self.tool_list)
+
+    def _next_head(self) -> dict[str, Any] | None:
+        """The next call's id and name, once its name (and id) are written."""
+        index = len(self.calls)
+        head = scan_head(self.text, self.cursor if index else self.start, self.dialect,
+                         self.tool_list, index)
+        if head is None:
+            return None
+        name, written, at = head
+        ident = self.dialect.call_id(name, index, written) or f"call_{secrets.token_hex(12)}"
+        call = {"id": ident, "name": name, "arguments": "", "ended": False, "closed": False,
+                "at": at, "scan": _JsonEnd()}
         self.calls.append(call)
-        self.pos = self.start  # more calls may be complete already
-        return {"tool_calls": [{"index": len(self.calls) - 1, "id": call["id"],
-                                "type": "function", "function": {
-                                    "name": call["name"], "arguments": call["arguments"]}}]}
+        return {"tool_calls": [{"index": index, "id": ident, "type": "function",
+                                "function": {"name": name, "arguments": ""}}]}
+
+    def _next_arguments(self, call: dict[str, Any]) -> dict[str, Any] | None:
+        """More of the current call's arguments (None: nothing new yet)."""
+        kind = self.dialect.args.kind
+        if kind == "json":
+            start = call["at"] + len(call["arguments"])
+            rest = self.text[start:]
+            end = call["scan"].feed(rest)
+            fragment = rest if end is None else rest[:end]
+            call["ended"] = end is not None
+        else:
+            done = self._done()
+            index = len(self.calls) - 1
+            if len(done) > index and self._complete(self.text[self.start:], done[index].end):
+                value = done[index].arguments
+                text = json.dumps(value if isinstance(value, dict) else {},
+                                  ensure_ascii=False)
+                call["ended"] = True
+            elif kind == "xml":
+                tool = next(t for t in self.tool_list if t.name == call["name"])
+                so_far = xml_args_so_far(self.text, call["at"], self.dialect, tool)
+                text = json.dumps(so_far, ensure_ascii=False)[:-1] if so_far else ""
+            else:
+                return None
+            fragment = text[len(call["arguments"]):] if text.startswith(call["arguments"]) \
+                else ""
+        if not fragment:
+            return {} if call["ended"] else None
+        call["arguments"] += fragment
+        return {"tool_calls": [{"index": len(self.calls) - 1,
+                                "function": {"arguments": fragment}}]}
 
     def _complete(self, body: str, end: int) -> bool:
         """A scanned call is complete when more text follows it (a separator, the section's

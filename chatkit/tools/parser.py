@@ -138,31 +138,73 @@ class _Scanner:
             return self.xml_args(pos, props)
         return self.py_args(pos, props, following)
 
-    def xml_args(self, pos: int, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        a = self.d.args
+    def xml_args(self, pos: int, props: dict[str, Any], *,
+                 partial: bool = False) -> tuple[dict[str, Any], int]:
+        """XML-like parameters from ``pos``; ``partial``: the ones complete so far, where the
+        text ends inside one (a reply still being written)."""
         out: dict[str, Any] = {}
-        close = a.value_close.strip()
-        while self._continues(pos, a.key_open):
-            pos = _expect(self.text, pos, a.key_open)
-            end = self.text.find(a.key_close.split()[0] if a.key_close.strip()
-                                 else a.key_close, pos)
-            if end < 0:
-                raise _NoMatch(pos, a.key_close)
-            key = self.text[pos:end].strip()
-            pos = _expect(self.text, end, a.key_close)
-            stop = self.text.find(close, pos)
-            if stop < 0:
-                raise _NoMatch(pos, close)
-            raw = self.text[pos:stop]
-            lead = a.value_close[: len(a.value_close) - len(a.value_close.lstrip())]
-            if lead and raw.endswith(lead):
-                raw = raw[: -len(lead)]
-            out[key] = raw if resolves_to_string(props.get(key)) else _json_value(raw, key)
-            pos = _expect(self.text, stop, close)
-            tail = a.value_close[a.value_close.index(close) + len(close):]
-            if tail and self.text.startswith(tail, pos):
-                pos += len(tail)
+        while self._continues(pos, self.d.args.key_open):
+            try:
+                more, pos = self._xml_one(pos, props)
+            except _NoMatch:
+                if partial:
+                    return out, pos
+                raise
+            out.update(more)
         return out, pos
+
+    def _xml_one(self, pos: int, props: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """One XML-like parameter (its value closed), raising ``_NoMatch`` if unfinished."""
+        a = self.d.args
+        close = a.value_close.strip()
+        pos = _expect(self.text, pos, a.key_open)
+        end = self.text.find(a.key_close.split()[0] if a.key_close.strip() else a.key_close,
+                             pos)
+        if end < 0:
+            raise _NoMatch(pos, a.key_close)
+        key = self.text[pos:end].strip()
+        pos = _expect(self.text, end, a.key_close)
+        stop = self.text.find(close, pos)
+        if stop < 0:
+            raise _NoMatch(pos, close)
+        raw = self.text[pos:stop]
+        lead = a.value_close[: len(a.value_close) - len(a.value_close.lstrip())]
+        if lead and raw.endswith(lead):
+            raw = raw[: -len(lead)]
+        value = raw if resolves_to_string(props.get(key)) else _json_value(raw, key)
+        return {key: value}, _expect(self.text, stop, close)
+
+    def head(self, pos: int, index: int) -> tuple[str, str | None, int]:
+        """Call ``index`` from ``pos`` (its section opening or separator first) up to its
+        arguments: the name, the id written, where the arguments begin. Raises
+        ``_NoMatch`` while the text does not yet reach them."""
+        d = self.d
+        if index == 0 and d.section:
+            pos = _expect(self.text, pos, d.section[0])
+        elif index > 0 and d.separator:
+            pos = _expect(self.text, pos, d.separator)
+        name, written = "", None
+        for k, piece in enumerate(d.call):
+            nxt = d.call[k + 1] if k + 1 < len(d.call) else None
+            following = nxt if isinstance(nxt, str) else None
+            if isinstance(piece, str):
+                pos = _expect(self.text, pos, piece)
+            elif piece is NAME:
+                name, pos = self.name(pos, following)
+            elif piece is ARGS:
+                if following is None and not name:
+                    raise _NoMatch(pos, "a tool name")
+                return name, written, _skip_space(self.text, pos)
+            else:
+                pos = _skip_space(self.text, pos)
+                end = pos
+                while end < len(self.text) and self.text[end].isalnum():
+                    end += 1
+                if end == len(self.text):
+                    raise _NoMatch(pos, "an id")
+                written = self.text[pos:end] if piece is ID else written
+                pos = end
+        raise _NoMatch(pos, "arguments")
 
     def py_args(self, pos: int, props: dict[str, Any],
                 following: str | None) -> tuple[dict[str, Any], int]:
@@ -250,6 +292,25 @@ def scan_calls(text: str, dialect: Dialect, tools: Sequence[Tool]) -> list[Scann
                 pos = found[-1].end
         except (_NoMatch, KeyError):
             return found
+
+
+def scan_head(text: str, pos: int, dialect: Dialect, tools: Sequence[Tool],
+              index: int) -> tuple[str, str | None, int] | None:
+    """Call ``index`` of a reply being written, from ``pos`` (its section opening or
+    separator first): its name, the id it wrote and where its arguments begin; None while
+    the text does not reach its arguments yet."""
+    try:
+        return _Scanner(text, dialect, tools).head(pos, index)
+    except _NoMatch:
+        return None
+
+
+def xml_args_so_far(text: str, pos: int, dialect: Dialect, tool: Tool) -> dict[str, Any]:
+    """The XML-like parameters written completely from ``pos`` so far (typed as
+    :func:`parse_calls` types them)."""
+    schema = tool.definition.parameters_schema
+    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    return _Scanner(text, dialect, [tool]).xml_args(pos, props, partial=True)[0]
 
 
 def split_reasoning(text: str, dialect: Dialect, *, opened: bool) -> tuple[str | None, str]:
