@@ -1,0 +1,100 @@
+"""``chatkit serve`` on the Gemma 3 GGUF, no template flag: its template has no tool syntax,
+so tool calls go through the generic JSON envelope in Gemma's own template; the openai and
+anthropic SDKs get calls, plain and streamed (arguments in pieces, ids fixed at the first
+delta), and the tool result goes back. A real uvicorn server on loopback (in a thread).
+
+What is proven is the protocol (a call in the wire shapes, the loop continuing after a
+result), not the 270M model's judgement: ``tool_choice`` forces the call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from chatkit import Model
+from chatkit.serve.openai_api import ServerLimits
+from chatkit.serve.server import ChatkitServer
+from tests.test_server import _Running
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+pytestmark = pytest.mark.gemma
+
+NAME = "gemma"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "days": {"type": "integer", "minimum": 1,
+                                                             "maximum": 9}},
+                   "required": ["city", "days"]}}}
+
+
+@pytest.fixture(scope="module")
+def server(gemma: Model) -> Iterator[_Running]:
+    with _Running(ChatkitServer(gemma, name=NAME,
+                                limits=ServerLimits(max_tokens=200))) as running:
+        yield running
+
+
+def test_openai_sdk_gets_a_call_and_sends_the_result_back(server: _Running) -> None:
+    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
+        first = c.chat.completions.create(
+            model=NAME, temperature=0, max_tokens=200, tools=[WEATHER], tool_choice="required",
+            parallel_tool_calls=False, messages=[{"role": "user", "content": "Weather in Oslo?"}])
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert set(json.loads(call.function.arguments)) == {"city", "days"}
+        assert "tool_calls" not in (choice.message.content or "")
+        second = c.chat.completions.create(
+            model=NAME, temperature=0, max_tokens=30, tools=[WEATHER], tool_choice="none",
+            messages=[{"role": "user", "content": "Weather in Oslo?"},
+                      choice.message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}])
+        reply = second.choices[0].message
+        assert not reply.tool_calls and reply.content and "{" not in reply.content[:1]
+
+
+def test_openai_sdk_streams_the_call_in_pieces(server: _Running) -> None:
+    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
+        stream = c.chat.completions.create(
+            model=NAME, temperature=0, max_tokens=200, tools=[WEATHER], stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            parallel_tool_calls=False, messages=[{"role": "user", "content": "Weather in Rome?"}])
+        ids, pieces, arguments, finish = set(), 0, "", None
+        for chunk in stream:
+            for ch in chunk.choices:
+                finish = ch.finish_reason or finish
+                for tc in ch.delta.tool_calls or ():
+                    if tc.id:
+                        ids.add(tc.id)
+                    if tc.function and tc.function.arguments:
+                        arguments += tc.function.arguments
+                        pieces += 1
+    assert finish == "tool_calls" and len(ids) == 1
+    assert pieces >= 2 and set(json.loads(arguments)) == {"city", "days"}
+
+
+def test_anthropic_sdk_gets_a_tool_use_plain_and_streamed(server: _Running) -> None:
+    tool = {"name": "get_weather", "description": "Current weather for a city",
+            "input_schema": WEATHER["function"]["parameters"]}  # type: ignore[index]
+    with anthropic.Anthropic(base_url=server.base, api_key="unused", max_retries=0) as c:
+        msg = c.messages.create(model=NAME, max_tokens=200, tools=[tool],
+                                tool_choice={"type": "any"},
+                                messages=[{"role": "user", "content": "Weather in Oslo?"}])
+        assert msg.stop_reason == "tool_use"
+        uses = [b for b in msg.content if b.type == "tool_use"]
+        assert uses and all(u.name == "get_weather" and set(u.input) == {"city", "days"}
+                            for u in uses)
+        with c.messages.stream(model=NAME, max_tokens=200, tools=[tool],
+                               tool_choice={"type": "tool", "name": "get_weather"},
+                               messages=[{"role": "user", "content": "Weather in Rome?"}]) as s:
+            kinds = [event.type for event in s]
+            final: Any = s.get_final_message()
+    assert "input_json" in kinds or "content_block_delta" in kinds
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert uses and all(set(u.input) == {"city", "days"} for u in uses)
