@@ -158,9 +158,22 @@ def test_every_template_is_served_or_refused_by_name(path: Path) -> None:
 
 
 SERVED = [p for p in TEMPLATES if served(p.read_text()) is not None]
+KNOWN = {  # a turn shape the template writes that chatkit does not generate yet
+    "gpt-oss": "text then call: the template puts the text in the analysis channel",
+    "llama-4": "text then call: text inside <|python_start|>...<|python_end|>",
+    "functionary-v3.2": "text then call: the text after 'all', the calls after '>>>'",
+    "nemotron-nano-v2": "text then call: text and calls as two assistant turns",
+    "cohere2moe": "reasoning then call: the arguments spaced there, compact elsewhere",
+}
 
 
-@pytest.mark.parametrize("path", _ids(SERVED))
+def _served_ids() -> list[Any]:
+    return [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(strict=True,
+                                                                 reason=KNOWN[p.stem])])
+            if p.stem in KNOWN else pytest.param(p, id=p.stem) for p in SERVED]
+
+
+@pytest.mark.parametrize("path", _served_ids())
 def test_the_auto_grammar_accepts_the_templates_own_turns(path: Path) -> None:
     source = path.read_text()
     d = served(source)
@@ -202,3 +215,21 @@ def summary() -> dict[str, Any]:
 
 if __name__ == "__main__":
     print(json.dumps(summary(), indent=1, ensure_ascii=False))
+
+
+DERIVED = {"apriel-1.5", "gigachat3-10b-a1.8b", "gigachat3.1-10b-a1.8b", "hy3", "minicpm5-1b",
+           "minimax-m1", "solar-open-100b"}
+"""Templates no record matches whose format is read from their renderings."""
+
+
+@pytest.mark.parametrize("stem", sorted(DERIVED))
+def test_a_format_no_record_knows_is_read_from_the_renderings(stem: str) -> None:
+    d = served(next(p for p in TEMPLATES if p.stem == stem).read_text())
+    assert d is not None and d.name == "derived", stem
+
+
+def test_markup_that_depends_on_a_values_type_is_not_derived() -> None:
+    """DeepSeek V4 writes ``string="true"`` or ``"false"`` by the value's type: one record
+    cannot say it, so it is refused by name, not served in a wrong form."""
+    path = next(p for p in TEMPLATES if p.stem == "deepseek-v4")
+    assert served(path.read_text()) is None

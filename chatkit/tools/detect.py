@@ -25,11 +25,13 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from ..engine.protocols import Vocabulary
 from ..errors import InvalidParameter, TemplateError, ToolFormatUnsupported
 from ..messages import Message, ToolCall
 from ..templates import ChatTemplate, single_control
+from .derive import derive, probe_render
 from .dialects import DIALECTS, GENERIC, HERMES, Dialect, render_args, render_calls
 
 __all__: list[str] = []
@@ -63,20 +65,36 @@ def _rendered(template: ChatTemplate, calls: Sequence[ToolCall], *, as_text: boo
 
 
 def assistant_rendering(template: ChatTemplate, message: Message, *,
-                        as_text: bool = False) -> str | None:
-    """What ``template`` writes for ``message`` after a user's "QUESTION": the rendering of
-    the conversation past its generation prompt (the text a model would write, end of turn
-    included), or None where the template refuses it or the prompt is not a prefix."""
+                        as_text: bool = False,
+                        tool: dict[str, Any] | None = None) -> str | None:
+    """What ``template`` writes for ``message`` after a user's "QUESTION" (with ``tool``,
+    by default the probe tool): the rendering of the conversation past its generation
+    prompt (the text a model would write, end of turn included), or None where the
+    template refuses it or the prompt is not a prefix."""
     user = Message("user", "QUESTION")
+    tools = [tool or PROBE_TOOL]
     try:
         prompt = "".join(s.text for s in template.render(
-            [user], tools=[PROBE_TOOL], add_generation_prompt=True, arguments_as_text=as_text))
+            [user], tools=tools, add_generation_prompt=True, arguments_as_text=as_text))
         full = "".join(s.text for s in template.render(
-            [user, message], tools=[PROBE_TOOL], add_generation_prompt=False,
+            [user, message], tools=tools, add_generation_prompt=False,
             arguments_as_text=as_text))
     except TemplateError:
         return None
     return full[len(prompt):] if full.startswith(prompt) else None
+
+
+def _turn_text(template: ChatTemplate, message: Message,
+               tool: dict[str, Any] | None) -> str | None:
+    """:func:`assistant_rendering` without the markup that ends the turn (what the template
+    writes after a plain answer)."""
+    text = assistant_rendering(template, message, tool=tool)
+    answer = assistant_rendering(template, Message("assistant", "PROBEEND")) or ""
+    end = answer[answer.find("PROBEEND") + len("PROBEEND"):].strip() \
+        if "PROBEEND" in answer else ""
+    if text is not None and end and text.rstrip().endswith(end):
+        return text.rstrip()[: -len(end)]
+    return text
 
 
 def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
@@ -147,6 +165,12 @@ def _detect(source: str) -> Dialect | str | None:
         if as_text:
             found = dataclasses.replace(found, args_as="string")
         return _learn(template, found, as_text=as_text)
+    derived = derive(probe_render(lambda m, tool: _turn_text(template, m, tool)), PROBE_TOOL,
+                     PROBE_CALLS)
+    if derived is not None:
+        _log.info("tools: template %r matches no dialect record; its calls are read from its "
+                  "renderings: %s", template.name, render_calls(derived, PROBE_CALLS[:1]))
+        return _learn(template, derived, as_text=False)
     for d in DIALECTS.values():
         if d.signature and all(s in source for s in d.signature):
             # chatkit writes the calls into the content, after any text

@@ -252,9 +252,8 @@ class _Builder:
         parts = []
         for k, piece in enumerate(d.call):
             if isinstance(piece, str):
-                if k == 0 and strip:
-                    assert piece.startswith(strip), (piece, strip)
-                    piece = piece[len(strip):]
+                if k == 0 and strip:  # the markup word and the layout before it
+                    piece = piece[piece.index(strip) + len(strip):]
                 parts.append(self.markup(piece))
             elif piece is NAME:
                 parts.append(self.lit(tool.name))
@@ -433,7 +432,9 @@ def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int, *, after: str = "
     more = ""
     for k in range(max_calls - 1, 0, -1):  # nested optionals: at most max_calls calls
         more = f" ({sep} call_{k if by_position else 0}{more})?"
-    open_, close = (b.markup(d.section[0][len(after):] if after else d.section[0]),
+    opening = d.section[0][d.section[0].index(after) + len(after):] if after and d.section \
+        else d.section[0] if d.section else ""
+    open_, close = (b.markup(opening),
                     b.markup(d.section[1])) if d.section else ("", "")
     trail = '("\\n" | "\\n\\n")?'  # the layout some templates write after the calls
     b.add(name, " ".join(p for p in (open_, f"{first}{more}", close, trail) if p))

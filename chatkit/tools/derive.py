@@ -1,0 +1,193 @@
+"""A dialect record derived from a template's own renderings, for families no record knows.
+
+The template renders an assistant turn with one probe call and with two; the probe's name,
+id and arguments are found in the text, and what lies around them is the record: the markup
+before the name (the section's opening plus each call's own), between the slots, after the
+arguments (each call's closing plus the section's), and between two calls (the separator).
+Splitting "section" from "call" markup compares the one-call and two-call renderings: what
+the second call repeats belongs to every call (llama.cpp's autoparser diffs renderings the
+same way). Arguments are JSON where the probe's arguments appear as a JSON object; else
+XML-like (``key_open KEY key_close VALUE value_close``), found with two string parameters.
+A derived record must render the probe calls back as the template did, whitespace aside, or
+it is not used. Formats whose markup depends on a value's type (DeepSeek V3.2's
+``string="true"``, Kimi K3's ``type="number"``) or on the name inside the section are left
+to records.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..messages import Message, ToolCall
+from .dialects import ARGS, ID, NAME, Args, Dialect, Piece, render_args, render_calls
+
+__all__: list[str] = []
+
+_SPACE = re.compile(r"\s+")
+XML_TOOL = {"type": "function", "function": {
+    "name": "probe_fn", "description": "A probe.",
+    "parameters": {"type": "object", "properties": {"key_one": {"type": "string"},
+                                                    "key_two": {"type": "string"}},
+                   "required": ["key_one", "key_two"]}}}
+XML_CALLS = (ToolCall(id="abcDEF123", name="probe_fn",
+                      arguments={"key_one": "VALUE_ONE", "key_two": "VALUE_TWO"}),
+             ToolCall(id="xyzXYZ789", name="probe_fn",
+                      arguments={"key_one": "VALUE_THREE", "key_two": "VALUE_FOUR"}))
+
+Render = Callable[[Sequence[ToolCall], dict[str, Any]], str | None]
+"""The text a template writes for an assistant turn holding these calls, with this tool
+(None where it refuses)."""
+
+
+def _squash(text: str) -> str:
+    return _SPACE.sub("", text)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _common_suffix(a: str, b: str) -> str:
+    return _common_prefix(a[::-1], b[::-1])[::-1]
+
+
+def _split(one_head: str, one_tail: str, mid: str) -> tuple[str, str, str, str, str] | None:
+    """(section open, call prefix, separator, call suffix, section close) from the markup
+    before the first call's name (``one_head``), after the last call's arguments
+    (``one_tail``) and between two calls (``mid``)."""
+    prefix = _common_suffix(one_head, mid)
+    suffix = _common_prefix(one_tail, mid[: len(mid) - len(prefix)])
+    sep = mid[len(suffix): len(mid) - len(prefix)]
+    if not prefix.strip() and not suffix.strip() and not sep.strip():
+        return None
+    return (one_head[: len(one_head) - len(prefix)], prefix, sep, suffix,
+            one_tail[len(suffix):])
+
+
+def _pieces(between: list[tuple[Piece, str]]) -> tuple[Piece, ...]:
+    out: list[Piece] = []
+    for slot, literal in between:
+        out.append(slot)
+        if literal:
+            out.append(literal)
+    return tuple(out)
+
+
+def derive(render: Render, probe_tool: dict[str, Any],
+           probe_calls: Sequence[ToolCall]) -> Dialect | None:
+    """A record for the format ``render`` writes calls in, or None (see the module).
+    ``probe_calls`` (a string and an integer argument, under ``probe_tool``) must render
+    as the record writes them, whichever way it was found: a format whose markup depends
+    on a value's type fails there."""
+    one, two = render(probe_calls[:1], probe_tool), render(probe_calls, probe_tool)
+    if not one or one.count(probe_calls[0].name) != 1:
+        return None  # the name twice (a recipient and a call): not a shape found here
+    found = _derive_json(render, probe_tool, probe_calls) or _derive_xml(render)
+    return found if found is not None and _renders(found, probe_calls, one, two) else None
+
+
+def _derive_json(render: Render, tool: dict[str, Any],
+                 calls: Sequence[ToolCall]) -> Dialect | None:
+    one, two = render(calls[:1], tool), render(calls, tool)
+    if not one:
+        return None
+    for seps in ((", ", ": "), (",", ":")):
+        args1 = render_args(Args(), calls[0].arguments, seps)
+        at_args = one.find(args1)
+        at_name = one.rfind(calls[0].name, 0, at_args)
+        if at_args < 0 or at_name < 0:
+            continue
+        at_id = one.find(calls[0].id, 0, at_args)
+        slots = sorted([(at_name, NAME, len(calls[0].name)), (at_args, ARGS, len(args1))]
+                       + ([(at_id, ID, len(calls[0].id))] if at_id >= 0 else []),
+                       key=lambda s: s[0])
+        first = slots[0][0]
+        between: list[tuple[Piece, str]] = []
+        for k, (pos, slot, size) in enumerate(slots[:-1]):
+            between.append((slot, one[pos + size: slots[k + 1][0]]))
+        end = slots[-1][0] + slots[-1][2]
+        between.append((slots[-1][1], ""))
+        head, tail = one[:first], one[end:]
+        split = None
+        if two:
+            args2 = render_args(Args(), calls[1].arguments, seps)
+            second = two.find(args2)
+            first2 = two.rfind(calls[1].name, 0, second) if second >= 0 else -1
+            if at_id >= 0 and at_id < at_name:
+                first2 = two.rfind(calls[1].id, 0, second)
+            start2 = len(head) + (end - first)
+            if first2 > start2:
+                split = _split(head, tail, two[start2:first2])
+        max_calls = None
+        if split is None:
+            split, max_calls = (head, "", "", "", tail), 1
+        s_open, c_pre, sep, c_post, s_close = split
+        call = (*((c_pre,) if c_pre else ()), *_pieces(between),
+                *((c_post,) if c_post else ()))
+        found = Dialect("derived", call, section=(s_open, s_close) if s_open or s_close
+                        else None, separator=sep, ids="alnum9" if at_id >= 0 else "none",
+                        max_calls=max_calls, json_separators=seps,
+                        families=("derived from the template",))
+        if _renders(found, calls, one, two):
+            return found
+    return None
+
+
+def _derive_xml(render: Render) -> Dialect | None:
+    calls = XML_CALLS
+    one, two = render(calls[:1], XML_TOOL), render(calls, XML_TOOL)
+    if not one:
+        return None
+    marks = [one.find(s) for s in ("probe_fn", "key_one", "VALUE_ONE", "key_two",
+                                   "VALUE_TWO")]
+    if min(marks) < 0 or marks != sorted(marks):
+        return None
+    name_at, k1, v1, k2, v2 = marks
+    after_name = one[name_at + len("probe_fn"): k1]
+    key_close = one[k1 + len("key_one"): v1]
+    if key_close != one[k2 + len("key_two"): v2]:
+        return None
+    between = one[v1 + len("VALUE_ONE"): k2]  # value_close + key_open
+    tail_all = one[v2 + len("VALUE_TWO"):]
+    value_close = _common_prefix(between, tail_all)
+    key_open = between[len(value_close):]
+    if not key_open.strip() or not after_name.endswith(key_open):
+        return None
+    name_tail = after_name[: len(after_name) - len(key_open)]
+    head, tail = one[:name_at], tail_all[len(value_close):]
+    split = None
+    if two:
+        second = two.find("probe_fn", name_at + 1)
+        start2 = len(one) - len(tail)
+        if second > start2 and two.find("VALUE_THREE") > second:
+            split = _split(head, tail, two[start2:second])
+    max_calls = None
+    if split is None:
+        split, max_calls = (head, "", "", "", tail), 1
+    s_open, c_pre, sep, c_post, s_close = split
+    call: tuple[Piece, ...] = (*((c_pre,) if c_pre else ()), NAME,
+                               *((name_tail,) if name_tail else ()), ARGS,
+                               *((c_post,) if c_post else ()))
+    found = Dialect("derived", call, section=(s_open, s_close) if s_open or s_close else None,
+                    separator=sep, args=Args("xml", key_open, key_close, value_close),
+                    max_calls=max_calls, json_separators=(", ", ": "),
+                    families=("derived from the template",))
+    return found if _renders(found, calls, one, two) else None
+
+
+def _renders(d: Dialect, calls: Sequence[ToolCall], one: str, two: str | None) -> bool:
+    """The record writes the probe calls as the template did (whitespace aside)."""
+    if _squash(render_calls(d, calls[:1])) not in _squash(one):
+        return False
+    return d.max_calls == 1 or two is None or _squash(render_calls(d, calls)) in _squash(two)
+
+
+def probe_render(render_turn: Callable[[Message, dict[str, Any]], str | None]) -> Render:
+    """A :data:`Render` from a function rendering one assistant message with one tool."""
+    return lambda calls, tool: render_turn(Message("assistant", "", tool_calls=tuple(calls)),
+                                           tool)
