@@ -13,12 +13,16 @@ token, grammar-wise, on the model's vocabulary:
 - ``warm``: the same turn again: the grammar text built again (it is the cache key), the
   compiled grammar taken from the engine's cache and cloned, the first mask computed.
 
-The median of ``--repeat`` runs is reported, in milliseconds.
+Each dialect's grammar is the whole turn a template of the family allows: a think block,
+text before the calls (where calls open with markup), the template's JSON spacing
+(``--plain``: the calls-or-text grammar alone). The median of ``--repeat`` runs is
+reported, in milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -32,7 +36,7 @@ import numpy as np
 from chatkit import Constraint, Model
 from chatkit.chat.plan import _tools_constraint
 from chatkit.tools.definition import Tool
-from chatkit.tools.dialects import DIALECTS
+from chatkit.tools.dialects import DIALECTS, Dialect
 from chatkit.tools.grammar import markup_for, tool_grammar
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,14 +68,30 @@ def _first_mask(c: Any, n_vocab: int) -> None:
     c.process(np.zeros(n_vocab, dtype=np.float32), [])
 
 
-def timed(model: Model, tools: list[Tool], dialect: str, cold: bool) -> float:
-    d = DIALECTS[dialect]
+THINK = ("<think>\n", "\n</think>\n\n")
+THINK_BUDGET = 256
+
+
+def turn_dialect(name: str, plain: bool) -> Dialect:
+    """The record as a template of the family shapes the turn (see the module)."""
+    d = DIALECTS[name]
+    if plain:
+        return d
+    return dataclasses.replace(d, text_before=True, json_separators=(", ", ": "),
+                               reasoning=d.reasoning or THINK)
+
+
+def timed(model: Model, tools: list[Tool], dialect: str, cold: bool, plain: bool) -> float:
+    d = turn_dialect(dialect, plain)
+    budget = None if plain else THINK_BUDGET
     t0 = time.perf_counter()
     if cold:
-        lark = tool_grammar(tools, "auto", parallel=True, dialect=d, markup=markup_for(model))
+        lark = tool_grammar(tools, "auto", parallel=True, dialect=d, markup=markup_for(model),
+                            think_budget=budget)
         c = Constraint.lark(lark, model=model, stop_token=model.eos_id)
     else:
-        c = _tools_constraint(model, tools, None, None, "auto", True, model.eos_id, d)
+        c = _tools_constraint(model, tools, None, None, "auto", True, model.eos_id, d,
+                              (budget, False))
     _first_mask(c, model.n_vocab)
     return (time.perf_counter() - t0) * 1000
 
@@ -83,6 +103,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,21,128")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dialects", default=",".join(DIALECTS))
+    ap.add_argument("--plain", action="store_true",
+                    help="calls or text only: no think block, no text before calls")
     args = ap.parse_args()
     if args.model == "gemma":
         from tests.conftest import gemma_path
@@ -92,22 +114,24 @@ def main() -> None:
         model = Model.load(n_ctx=512)
     sizes = [int(s) for s in args.sizes.split(",")]
     pool = bfcl_tools(max(sizes))
-    timed(model, pool[:1], "hermes", True)  # llguidance's tokenizer, markup_for: once
+    plain = args.plain
+    timed(model, pool[:1], "hermes", True, plain)  # llguidance's tokenizer, markup_for: once
     rows = []
     for dialect in args.dialects.split(","):
         cells = []
         for n in sizes:
             tools = pool[:n]
-            cold = statistics.median(timed(model, tools, dialect, True)
+            cold = statistics.median(timed(model, tools, dialect, True, plain)
                                      for _ in range(args.repeat))
-            timed(model, tools, dialect, False)  # into the cache
-            warm = statistics.median(timed(model, tools, dialect, False)
+            timed(model, tools, dialect, False, plain)  # into the cache
+            warm = statistics.median(timed(model, tools, dialect, False, plain)
                                      for _ in range(args.repeat))
             cells.append(f"{cold:.0f} / {warm:.1f}")
         rows.append((dialect, cells))
         print(f"  {dialect}: {cells}", flush=True)
     print(f"{date.today()}, {Path(str(model.path)).name} ({model.n_vocab} tokens), "
-          f"tool_choice auto, parallel calls, BFCL v4 functions; median of {args.repeat}; "
+          f"tool_choice auto, parallel calls, {'plain' if plain else 'whole-turn'} grammar, "
+          f"BFCL v4 functions; median of {args.repeat}; "
           "ms cold / warm")
     print("| dialect | " + " | ".join(f"{n} tools" for n in sizes) + " |")
     print("|---" * (len(sizes) + 1) + "|")

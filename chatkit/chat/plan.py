@@ -195,12 +195,7 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
         history_dialect = detect_dialect(template)  # earlier calls in its form (ids, ...)
     prompt, prompt_text = _render(ctx, template, list(messages), tools, thinking=thinking,
                                   dialect=history_dialect)
-    think_budget, think_opened = None, False
-    decided_first = opts.threshold_given and opts.tool_choice == "auto"
-    if dialect is not None and not ctx.no_think and not decided_first:
-        dialect, think_opened = tool_reasoning(dialect, prompt_text)
-        if dialect.reasoning is not None:
-            think_budget = max(1, min(ctx.think_budget, opts.max_tokens // 2))
+    dialect, think_budget, think_opened = _tool_thinking(ctx, dialect, prompt_text, opts)
     grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
                              thinking=thinking, dialect=dialect,
                              think=(think_budget, think_opened))
@@ -217,6 +212,20 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
                     schema=loaded.doc if loaded is not None else
                     schema.source if isinstance(schema, Constraint) else None,
                     schema_model=loaded.model_cls if loaded is not None else None)
+
+
+def _tool_thinking(ctx: TurnContext, dialect: Dialect | None, prompt_text: str,
+                   opts: CallOptions) -> tuple[Dialect | None, int | None, bool]:
+    """A tool turn's think block: the dialect for this prompt, the block's token budget
+    (None: no block) and whether the prompt opened it. Off with ``no_think`` and with a
+    first-token ``tool_call_threshold`` (the decision needs the call at the first token)."""
+    decided_first = opts.threshold_given and opts.tool_choice == "auto"
+    if dialect is None or ctx.no_think or decided_first:
+        return dialect, None, False
+    dialect, opened = tool_reasoning(dialect, prompt_text)
+    if dialect.reasoning is None:
+        return dialect, None, False
+    return dialect, max(1, min(ctx.think_budget, opts.max_tokens // 2)), opened
 
 
 def _grammar(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],

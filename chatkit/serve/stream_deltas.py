@@ -73,6 +73,89 @@ class _JsonEnd:
         return None
 
 
+class _DialectCalls:
+    """A non-Hermes dialect's calls as they are written: a call's id and name once its name
+    is written, then its arguments (JSON ones in fragments as written, XML-like ones a
+    parameter at a time, Python ones whole), then the next call. ``calls`` is the reader's
+    list of announced calls (shared)."""
+
+    def __init__(self, reader: ReplyDeltas) -> None:
+        self.r = reader
+        self.cursor = 0  # where the next call begins (after the last one)
+
+    def step(self) -> dict[str, Any] | None:
+        """One delta ({}: progress without one), None: wait for more text."""
+        r = self.r
+        r.pos = len(r.text)
+        current = r.calls[-1] if r.calls else None
+        if current is None or current["closed"]:
+            return self._next_head()
+        if not current["ended"]:
+            return self._next_arguments(current)
+        done = self._done()
+        if len(done) < len(r.calls) or not _complete(r.text[r.start:],
+                                                     done[len(r.calls) - 1].end):
+            return None
+        current["closed"] = True
+        self.cursor = r.start + done[len(r.calls) - 1].end
+        return {}
+
+    def _done(self) -> list[ScannedCall]:
+        return scan_calls(self.r.text[self.r.start:], self.r.dialect, self.r.tool_list)
+
+    def _next_head(self) -> dict[str, Any] | None:
+        """The next call's id and name, once its name (and id) are written."""
+        r = self.r
+        index = len(r.calls)
+        head = scan_head(r.text, self.cursor if index else r.start, r.dialect, r.tool_list,
+                         index)
+        if head is None:
+            return None
+        name, written, at = head
+        ident = r.dialect.call_id(name, index, written) or f"call_{secrets.token_hex(12)}"
+        r.calls.append({"id": ident, "name": name, "arguments": "", "ended": False,
+                        "closed": False, "at": at, "scan": _JsonEnd()})
+        return {"tool_calls": [{"index": index, "id": ident, "type": "function",
+                                "function": {"name": name, "arguments": ""}}]}
+
+    def _next_arguments(self, call: dict[str, Any]) -> dict[str, Any] | None:
+        """More of the current call's arguments (None: nothing new yet)."""
+        r = self.r
+        kind = r.dialect.args.kind
+        if kind == "json":
+            rest = r.text[call["at"] + len(call["arguments"]):]
+            end = call["scan"].feed(rest)
+            fragment = rest if end is None else rest[:end]
+            call["ended"] = end is not None
+        else:
+            done = self._done()
+            index = len(r.calls) - 1
+            if len(done) > index and _complete(r.text[r.start:], done[index].end):
+                value = done[index].arguments
+                text = json.dumps(value if isinstance(value, dict) else {},
+                                  ensure_ascii=False)
+                call["ended"] = True
+            elif kind == "xml":
+                tool = next(t for t in r.tool_list if t.name == call["name"])
+                so_far = xml_args_so_far(r.text, call["at"], r.dialect, tool)
+                text = json.dumps(so_far, ensure_ascii=False)[:-1] if so_far else ""
+            else:
+                return None
+            fragment = text[len(call["arguments"]):] if text.startswith(call["arguments"]) \
+                else ""
+        if not fragment:
+            return {} if call["ended"] else None
+        call["arguments"] += fragment
+        return {"tool_calls": [{"index": len(r.calls) - 1,
+                                "function": {"arguments": fragment}}]}
+
+
+def _complete(body: str, end: int) -> bool:
+    """A scanned call is complete when more text follows it (a separator, the section's
+    end): the last call of the reply is said by ``finish``."""
+    return len(body.rstrip()) > end
+
+
 class ReplyDeltas:
     """Incremental OpenAI deltas for one held reply (``thinking``: it opens with a think
     block; ``tools``: it may be ``<tool_call>`` blocks)."""
@@ -90,7 +173,6 @@ class ReplyDeltas:
         self.head = call_head(self.dialect) if tools else ""
         """The calls' markup word: text before it is content, the calls begin at it."""
         self.start = 0  # where the calls begin (other dialects)
-        self.cursor = 0  # where the next call begins (other dialects: after the last one)
         self.think_open = think_open.strip()
         self.think_close = think_close.strip() or THINK_CLOSE
         self.phase = "think" if thinking else "open" if self.think_open else "body"
@@ -101,6 +183,7 @@ class ReplyDeltas:
         self.calls: list[dict[str, Any]] = []
         """Per announced call: id, name, the arguments streamed, whether they ended."""
         self.mode: str | None = None  # "content" or "calls", once the body shows which
+        self.dialect_calls = _DialectCalls(self)
 
     def feed(self, delta: str) -> list[dict[str, Any]]:
         """The deltas ``delta`` (more raw text) makes certain."""
@@ -166,7 +249,7 @@ class ReplyDeltas:
             self.content += rest
             return {"content": rest}
         if not self.hermes:
-            return self._scanned()
+            return self.dialect_calls.step()
         return self._call_step(rest)
 
     def _content_then_calls(self, rest: str) -> dict[str, Any] | None:
@@ -219,78 +302,6 @@ class ReplyDeltas:
             self.mode = "content"
         self.start = self.pos
         return {}
-
-    def _scanned(self) -> dict[str, Any] | None:
-        """Non-Hermes calls as they are written: a call's id and name once its name is
-        written, then its arguments (JSON ones in fragments as written, XML-like ones a
-        parameter at a time, Python ones whole), then the next call."""
-        self.pos = len(self.text)
-        current = self.calls[-1] if self.calls else None
-        if current is None or current["closed"]:
-            return self._next_head()
-        if not current["ended"]:
-            return self._next_arguments(current)
-        done = self._done()
-        if len(done) < len(self.calls) or not self._complete(
-                self.text[self.start:], done[len(self.calls) - 1].end):
-            return None
-        current["closed"] = True
-        self.cursor = self.start + done[len(self.calls) - 1].end
-        return {}
-
-    def _done(self) -> list[ScannedCall]:
-        return scan_calls(self.text[self.start:], self.dialect, self.tool_list)
-
-    def _next_head(self) -> dict[str, Any] | None:
-        """The next call's id and name, once its name (and id) are written."""
-        index = len(self.calls)
-        head = scan_head(self.text, self.cursor if index else self.start, self.dialect,
-                         self.tool_list, index)
-        if head is None:
-            return None
-        name, written, at = head
-        ident = self.dialect.call_id(name, index, written) or f"call_{secrets.token_hex(12)}"
-        call = {"id": ident, "name": name, "arguments": "", "ended": False, "closed": False,
-                "at": at, "scan": _JsonEnd()}
-        self.calls.append(call)
-        return {"tool_calls": [{"index": index, "id": ident, "type": "function",
-                                "function": {"name": name, "arguments": ""}}]}
-
-    def _next_arguments(self, call: dict[str, Any]) -> dict[str, Any] | None:
-        """More of the current call's arguments (None: nothing new yet)."""
-        kind = self.dialect.args.kind
-        if kind == "json":
-            start = call["at"] + len(call["arguments"])
-            rest = self.text[start:]
-            end = call["scan"].feed(rest)
-            fragment = rest if end is None else rest[:end]
-            call["ended"] = end is not None
-        else:
-            done = self._done()
-            index = len(self.calls) - 1
-            if len(done) > index and self._complete(self.text[self.start:], done[index].end):
-                value = done[index].arguments
-                text = json.dumps(value if isinstance(value, dict) else {},
-                                  ensure_ascii=False)
-                call["ended"] = True
-            elif kind == "xml":
-                tool = next(t for t in self.tool_list if t.name == call["name"])
-                so_far = xml_args_so_far(self.text, call["at"], self.dialect, tool)
-                text = json.dumps(so_far, ensure_ascii=False)[:-1] if so_far else ""
-            else:
-                return None
-            fragment = text[len(call["arguments"]):] if text.startswith(call["arguments"]) \
-                else ""
-        if not fragment:
-            return {} if call["ended"] else None
-        call["arguments"] += fragment
-        return {"tool_calls": [{"index": len(self.calls) - 1,
-                                "function": {"arguments": fragment}}]}
-
-    def _complete(self, body: str, end: int) -> bool:
-        """A scanned call is complete when more text follows it (a separator, the section's
-        end): the last call of the reply is said by :meth:`finish`."""
-        return len(body.rstrip()) > end
 
     def _reasoning(self, text: str) -> dict[str, Any]:
         if not text:
