@@ -6,8 +6,9 @@ before the name (the section's opening plus each call's own), between the slots,
 arguments (each call's closing plus the section's), and between two calls (the separator).
 Splitting "section" from "call" markup compares the one-call and two-call renderings: what
 the second call repeats belongs to every call (llama.cpp's autoparser diffs renderings the
-same way). Arguments are JSON where the probe's arguments appear as a JSON object; else
-XML-like (``key_open KEY key_close VALUE value_close``), found with two string parameters.
+same way). Arguments are JSON or Python keywords where the probe's arguments appear so
+(the name before or after them); else XML-like (``key_open KEY key_close VALUE
+value_close``), found with two string parameters.
 A derived record must render the probe calls back as the template did, whitespace aside, or
 it is not used. Formats whose markup depends on a value's type (DeepSeek V3.2's
 ``string="true"``, Kimi K3's ``type="number"``) or on the name inside the section are left
@@ -87,39 +88,47 @@ def derive(render: Render, probe_tool: dict[str, Any],
     one, two = render(probe_calls[:1], probe_tool), render(probe_calls, probe_tool)
     if not one or one.count(probe_calls[0].name) != 1:
         return None  # the name twice (a recipient and a call): not a shape found here
-    found = _derive_json(render, probe_tool, probe_calls) or _derive_xml(render)
+    found = _derive_inline(render, probe_tool, probe_calls) or _derive_xml(render)
     return found if found is not None and _renders(found, probe_calls, one, two) else None
 
 
-def _derive_json(render: Render, tool: dict[str, Any],
-                 calls: Sequence[ToolCall]) -> Dialect | None:
+_INLINE = ((Args(), (", ", ": ")), (Args(), (",", ":")),
+           (Args("python", separator=", ", quote='"'), (", ", ": ")),
+           (Args("python", separator=", ", quote="'"), (", ", ": ")))
+"""Argument encodings written in one piece: JSON (spaced, compact), Python keywords."""
+
+
+def _derive_inline(render: Render, tool: dict[str, Any],
+                   calls: Sequence[ToolCall]) -> Dialect | None:
+    """A record whose arguments are one piece of text (JSON or Python keywords), the name
+    and id before or after them."""
     one, two = render(calls[:1], tool), render(calls, tool)
     if not one:
         return None
-    for seps in ((", ", ": "), (",", ":")):
-        args1 = render_args(Args(), calls[0].arguments, seps)
+    for args, seps in _INLINE:
+        args1 = render_args(args, calls[0].arguments, seps)
         at_args = one.find(args1)
-        at_name = one.rfind(calls[0].name, 0, at_args)
-        if at_args < 0 or at_name < 0:
+        if at_args < 0:
             continue
-        at_id = one.find(calls[0].id, 0, at_args)
+        at_name = one.rfind(calls[0].name, 0, at_args)
+        if at_name < 0:
+            at_name = one.find(calls[0].name, at_args + len(args1))
+        if at_name < 0:
+            continue
+        at_id = one.find(calls[0].id)
         slots = sorted([(at_name, NAME, len(calls[0].name)), (at_args, ARGS, len(args1))]
                        + ([(at_id, ID, len(calls[0].id))] if at_id >= 0 else []),
                        key=lambda s: s[0])
-        first = slots[0][0]
-        between: list[tuple[Piece, str]] = []
-        for k, (pos, slot, size) in enumerate(slots[:-1]):
-            between.append((slot, one[pos + size: slots[k + 1][0]]))
-        end = slots[-1][0] + slots[-1][2]
+        first, end = slots[0][0], slots[-1][0] + slots[-1][2]
+        between: list[tuple[Piece, str]] = [
+            (slot, one[pos + size: slots[k + 1][0]]) for k, (pos, slot, size)
+            in enumerate(slots[:-1])]
         between.append((slots[-1][1], ""))
         head, tail = one[:first], one[end:]
         split = None
-        if two:
-            args2 = render_args(Args(), calls[1].arguments, seps)
-            second = two.find(args2)
-            first2 = two.rfind(calls[1].name, 0, second) if second >= 0 else -1
-            if at_id >= 0 and at_id < at_name:
-                first2 = two.rfind(calls[1].id, 0, second)
+        second = two.find(render_args(args, calls[1].arguments, seps)) if two else -1
+        if two and second >= 0:
+            first2 = second - (at_args - first)  # the same markup between the slots
             start2 = len(head) + (end - first)
             if first2 > start2:
                 split = _split(head, tail, two[start2:first2])
@@ -130,9 +139,9 @@ def _derive_json(render: Render, tool: dict[str, Any],
         call = (*((c_pre,) if c_pre else ()), *_pieces(between),
                 *((c_post,) if c_post else ()))
         found = Dialect("derived", call, section=(s_open, s_close) if s_open or s_close
-                        else None, separator=sep, ids="alnum9" if at_id >= 0 else "none",
-                        max_calls=max_calls, json_separators=seps,
-                        families=("derived from the template",))
+                        else None, separator=sep, args=args,
+                        ids="alnum9" if at_id >= 0 else "none", max_calls=max_calls,
+                        json_separators=seps, families=("derived from the template",))
         if _renders(found, calls, one, two):
             return found
     return None
