@@ -41,7 +41,7 @@ from chatkit import (
 from chatkit.tools.definition import check_tools
 from chatkit.tools.detect import detect_dialect, history_for, tool_setup
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
-from chatkit.tools.grammar import tool_grammar
+from chatkit.tools.grammar import call_head, tool_grammar
 from chatkit.tools.parser import parse_calls
 
 CORPORA = Path(__file__).resolve().parent / "corpora"
@@ -203,7 +203,14 @@ def test_the_dialect_comes_from_the_template(family: str) -> None:
     assert found is not None and found.name == FAMILIES[family]
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+HISTORY_FORM = {  # templates that write stored calls unlike the model's own turn
+    "apriel-1.5": "adds an id to every call but the last assistant turn's",
+}
+
+
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=HISTORY_FORM[f]))
+    if f in HISTORY_FORM else f for f in sorted(FAMILIES)])
 def test_stored_calls_render_back_as_written(family: str) -> None:
     """The family's template renders chatkit's stored calls (ids in its scheme, arguments
     as it reads them) as the dialect writes them; parallel calls where it keeps them."""
@@ -263,6 +270,7 @@ def test_tool_format_overrides_and_unknown_is_refused(smol: Model) -> None:
 
 # ------------------------------------------------------------ per family, real model
 CALL_TOKENS, TEXT_TOKENS = 400, 40  # markers as text cost tokens (DeepSeek: 12 a marker)
+THINK = 12  # a think block's budget where the template thinks before its calls
 
 
 @pytest.fixture(scope="module")
@@ -286,10 +294,15 @@ def test_a_turn_without_tools_renders_earlier_calls_in_the_family_form(
 
 
 def _check_reply(t: ChatTemplate, d: Dialect, reply: Any) -> None:
+    """The calls as the template renders them back (from the calls' markup on: a think
+    block or text before them is the turn's, rendered or dropped as the template does)."""
     assert reply.tool_calls, reply.raw
     for c in reply.tool_calls:
         {"get_weather": get_weather, "add": add}[c.name].validate(c.arguments)
-    assert _squash(reply.raw) in _squash(_render_calls(t, d, reply.tool_calls, results=False))
+    raw, head = reply.raw, call_head(d)
+    if head and head in raw:
+        raw = raw[raw.index(head):]
+    assert _squash(raw) in _squash(_render_calls(t, d, reply.tool_calls, results=False))
 
 
 @pytest.mark.slow
@@ -298,11 +311,11 @@ def test_family_tool_turns_on_a_real_model(smol_long: Model, family: str) -> Non
     t = family_template(family)
     d = detect_dialect(t)
     assert d is not None
-    conv = Conversation(smol_long, template=t, max_tokens=CALL_TOKENS)
+    conv = Conversation(smol_long, template=t, max_tokens=CALL_TOKENS, think_budget=THINK)
     _check_reply(t, d, conv.send("What is the weather in Oslo?", tools=TOOLS,
                                  tool_choice="required", parallel_tool_calls=2, seed=1))
     # run(): the first step named, then auto, rendered through the tool result
-    conv = Conversation(smol_long, template=t, max_tokens=CALL_TOKENS)
+    conv = Conversation(smol_long, template=t, max_tokens=CALL_TOKENS, think_budget=THINK)
     try:
         conv.run("What is the weather in Oslo?", tools=TOOLS, tool_choice="get_weather",
                  parallel_tool_calls=False, max_steps=2, seed=1)
@@ -319,7 +332,7 @@ def test_family_tool_turns_on_a_real_model(smol_long: Model, family: str) -> Non
     assert "sunny in" in str(result.content)
     # auto and none: a text answer (or calls, under auto), never the call markup as text
     for choice in ("auto", "none"):
-        conv = Conversation(smol_long, template=t, max_tokens=TEXT_TOKENS)
+        conv = Conversation(smol_long, template=t, max_tokens=TEXT_TOKENS, think_budget=THINK)
         try:
             r = conv.send("Say hello.", tools=TOOLS, tool_choice=choice, seed=1)
         except Truncated:

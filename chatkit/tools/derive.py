@@ -17,6 +17,7 @@ to records.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -89,7 +90,13 @@ def derive(render: Render, probe_tool: dict[str, Any],
     if not one or one.count(probe_calls[0].name) != 1:
         return None  # the name twice (a recipient and a call): not a shape found here
     found = _derive_inline(render, probe_tool, probe_calls) or _derive_xml(render)
-    return found if found is not None and _renders(found, probe_calls, one, two) else None
+    if found is None or not _renders(found, probe_calls, one, two):
+        return None
+    # ids of another shape (chatkit's call_N, mapped as the record maps them) render alike
+    other = [dataclasses.replace(c, id=found.history_id(f"call_{i + 1}"))
+             for i, c in enumerate(probe_calls)]
+    again, again2 = render(other[:1], probe_tool), render(other, probe_tool)
+    return found if again and _renders(found, other, again, again2) else None
 
 
 _INLINE = ((Args(), (", ", ": ")), (Args(), (",", ":")),
