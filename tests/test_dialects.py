@@ -300,6 +300,9 @@ def _check_reply(t: ChatTemplate, d: Dialect, reply: Any) -> None:
     for c in reply.tool_calls:
         {"get_weather": get_weather, "add": add}[c.name].validate(c.arguments)
     raw, head = reply.raw, call_head(d)
+    if reply.reasoning is not None and d.reasoning and d.reasoning[1].strip() in raw:
+        close = d.reasoning[1].strip()
+        raw = raw[raw.index(close) + len(close):]
     if head and head in raw:
         raw = raw[raw.index(head):]
     assert _squash(raw) in _squash(_render_calls(t, d, reply.tool_calls, results=False))

@@ -39,7 +39,10 @@ def reply_of(plan: TurnPlan, constraint: Constraint | None, d: Decoder, text: st
         if plan.thinking:
             reasoning, text = _thinking_parts(c, text)
         if plan.tools and plan.dialect is not None and plan.tool_thinking:
-            reasoning, text = split_reasoning(text, plan.dialect, opened=plan.think_opened)
+            think = dict(c.captures()).get("think")
+            reasoning, text = split_reasoning(
+                text, plan.dialect, opened=plan.think_opened,
+                captured=think.decode("utf-8", errors="replace") if think is not None else None)
         if plan.tools:
             text, calls = parse_calls(text, list(plan.tools), plan.dialect)
         if c.reader is not None and not calls:

@@ -313,9 +313,12 @@ def xml_args_so_far(text: str, pos: int, dialect: Dialect, tool: Tool) -> dict[s
     return _Scanner(text, dialect, [tool]).xml_args(pos, props, partial=True)[0]
 
 
-def split_reasoning(text: str, dialect: Dialect, *, opened: bool) -> tuple[str | None, str]:
+def split_reasoning(text: str, dialect: Dialect, *, opened: bool,
+                    captured: str | None = None) -> tuple[str | None, str]:
     """A reply's think text (None: it wrote no think block) and the rest, by the dialect's
-    think markup; ``opened``: the prompt opened the block, the reply begins inside it."""
+    think markup; ``opened``: the prompt opened the block, the reply begins inside it.
+    ``captured``: the think text as the grammar captured it (where the block's budget ran
+    out, the closing markup may be missing: the text is known to end there)."""
     if dialect.reasoning is None:
         return None, text
     open_, close = (m.strip() for m in dialect.reasoning)
@@ -326,6 +329,14 @@ def split_reasoning(text: str, dialect: Dialect, *, opened: bool) -> tuple[str |
             return None, text
         rest = stripped[len(open_):]
     end = rest.find(close)
+    if captured is not None and (end < 0 or end > len(captured) + len(close)):
+        at = rest.find(captured) if captured else 0
+        if at >= 0:
+            after = rest[at + len(captured):]
+            stripped_after = after.lstrip()
+            if stripped_after.startswith(close):
+                after = stripped_after[len(close):]
+            return captured.strip(), after
     if end < 0:
         return rest.strip(), ""
     return rest[:end].strip(), rest[end + len(close):]
