@@ -268,6 +268,18 @@ def test_tool_format_overrides_and_unknown_is_refused(smol: Model) -> None:
         tool_setup(smol, family_template("smollm2-instruct"), "hermes")
 
 
+def test_tool_format_against_the_templates_own_is_said(
+        smol: Model, caplog: pytest.LogCaptureFixture) -> None:
+    """Forcing a format the template does not render is allowed, and logged with both."""
+    with caplog.at_level(logging.WARNING, logger="chatkit"):
+        tool_setup(smol, family_template("qwen3"), "qwen3-xml")
+    assert "renders calls as 'hermes'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="chatkit"):
+        tool_setup(smol, family_template("qwen3"), "hermes")
+    assert "renders calls as" not in caplog.text
+
+
 # ------------------------------------------------------------ per family, real model
 CALL_TOKENS, TEXT_TOKENS = 400, 40  # markers as text cost tokens (DeepSeek: 12 a marker)
 THINK = 12  # a think block's budget where the template thinks before its calls

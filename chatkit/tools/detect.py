@@ -204,6 +204,12 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
                                         "template renders no tools, so the model would never "
                                         "see them; pass a template that does")
         chosen = DIALECTS[tool_format]
+        rendered = _detect(template.source)
+        if isinstance(rendered, Dialect) and rendered.name != chosen.name:
+            _log.warning("tools: tool_format=%r, but template %r renders calls as %r: the "
+                         "model writes %r calls while its history shows %r ones",
+                         tool_format, template.name, rendered.name, tool_format,
+                         rendered.name)
         return template, (chosen if chosen is GENERIC else _learn(template, chosen,
                                                                    as_text=False))
     found = _detect(template.source)
