@@ -100,6 +100,11 @@ class Vocabulary(Protocol):
         user-defined tokens): the strings that must never come from content."""
         ...
 
+    def content_special_ids(self) -> frozenset[int]:
+        """Special token ids that tokenizing with ``special=False`` still produces (llama.cpp
+        matches user-defined tokens in any text): content must be kept from spelling them."""
+        ...
+
     def grammar_token_words(self) -> NDArray[np.int32]:
         """Bitmask words (llguidance layout) of the ids a grammar may ever allow: padding and
         undefined ids cleared."""

@@ -382,6 +382,12 @@ class Vocab:
         self._cache.setdefault(("llg_tokenizer", table.eot_id), tokenizer)
         return True
 
+    def content_special_ids(self) -> frozenset[int]:
+        """User-defined token ids: llama.cpp's special-token partition matches them even in
+        text tokenized with ``special=False`` (cached)."""
+        return self.cache("content_special_ids", lambda: frozenset(
+            np.flatnonzero(self.table()[1] & ATTR_USER_DEFINED).tolist()))
+
     def special_texts(self) -> tuple[str, ...]:
         """Texts of the tokens ``tokenize(special=True)`` parses (control, user-defined and
         unknown tokens, as llama.cpp's special-token partition does), cached."""

@@ -65,6 +65,9 @@ class HoldsVocabulary:
         """Texts ``tokenize(special=True)`` turns into special tokens."""
         return self.vocab.special_texts()
 
+    def content_special_ids(self) -> frozenset[int]:
+        return self.vocab.content_special_ids()
+
     def grammar_token_words(self) -> NDArray[np.int32]:
         """Bitmask words of the ids a grammar may ever allow."""
         return self.vocab.grammar_token_words()

@@ -556,11 +556,38 @@ def fold_system(messages: list[Message]) -> list[Message]:
 
 
 def tokenize_segments(model: Vocabulary, segments: list[Segment]) -> list[int]:
-    """Token ids: markup with special-token parsing, content never."""
+    """Token ids: markup with special-token parsing, content never (not even the
+    user-defined tokens llama.cpp matches in any text: :func:`content_ids`)."""
     ids: list[int] = []
     for seg in segments:
-        ids += model.tokenize(seg.text, special=seg.kind == "markup")
+        ids += model.tokenize(seg.text, special=True) if seg.kind == "markup" \
+            else content_ids(model, seg.text)
     return ids
+
+
+def content_ids(model: Vocabulary, text: str) -> list[int]:
+    """``text`` as plain-text tokens: where llama.cpp's tokenizer still turns a piece of it
+    into a user-defined special token (``<tool_call>``, gpt-oss's ``<|end|>``), that piece
+    is tokenized in two halves, so content can never spell a special token. Costs one
+    set lookup per token; the split only when such a piece occurs."""
+    ids = model.tokenize(text, special=False)
+    special = model.content_special_ids()
+    if special.isdisjoint(ids):
+        return ids
+    out: list[int] = []
+    pos = 0
+    for t in ids:
+        if t not in special:
+            continue
+        piece = model.detokenize([t])
+        at = text.find(piece, pos) if piece else -1
+        if at < 0:
+            continue
+        out += model.tokenize(text[pos:at], special=False) if at > pos else []
+        out += model.tokenize(piece[:1], special=False) + \
+            model.tokenize(piece[1:], special=False)
+        pos = at + len(piece)
+    return out + (content_ids(model, text[pos:]) if pos < len(text) else [])
 
 
 def single_control(model: Vocabulary, text: str) -> bool:
