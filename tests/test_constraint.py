@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from chatkit import Constraint, LogitProcessor, Model, Sampler, SamplingParams, generate
+from chatkit.errors import GrammarInvalid
 from tests.helpers import Boost, Chain, NoOp, Recorder, chat_prompt
 
 VERDICT = {
@@ -297,3 +298,13 @@ def test_explicit_grammar_limits_refuse_by_name(smol: Model) -> None:
     with pytest.raises(ValueError, match="NAME=N"):
         GrammarLimits.parse(["fuel=3"])
     assert GrammarLimits.parse(["step-items=7"]).step_items == 7
+
+
+def test_a_grammar_llguidance_panics_on_is_a_named_refusal() -> None:
+    """Hundreds of distinct ``%json`` sub-grammars beside a ``max_tokens`` rule make
+    llguidance's Rust code panic: ``GrammarInvalid`` naming it, never a crash."""
+    rules = "\n".join(f'j{i}: %json {{"type": "integer", "minimum": {i}}}' for i in range(300))
+    grammar = ("start: t (" + " | ".join(f"j{i}" for i in range(300)) + ")\n"
+               "t[max_tokens=5]: /a*/\n" + rules)
+    with pytest.raises(GrammarInvalid, match="could not build it"):
+        Constraint.lark(grammar)

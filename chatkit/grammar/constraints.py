@@ -562,8 +562,14 @@ class _NextMask:
 
 def _checked(grammar: str, kind: ConstraintKind) -> str:
     llguidance = bare_import.llguidance()
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        grammar, limits=native_limits())
+    try:
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, limits=native_limits())
+    except BaseException as exc:  # a Rust panic (pyo3's PanicException is a BaseException)
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise _refusal(kind, f"llguidance could not build it ({exc}); a grammar this large "
+                       "(e.g. hundreds of distinct parameter schemas) is beyond it") from None
     problem = "; ".join(messages) if failed else grammar_problem(grammar)
     if problem:
         raise _refusal(kind, problem)

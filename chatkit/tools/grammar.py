@@ -41,6 +41,8 @@ RAW_STRING_MAX = 8192
 ``maxLength`` (the value's only end is its close marker, which a model may never write)."""
 Markup = Callable[[str], str]
 """Renders literal text as a Lark fragment."""
+_ANNOTATIONS = frozenset({"description", "title", "examples", "$comment"})
+"""Schema keywords that say nothing about which values are valid."""
 _REGEX_META = set("\\.+*?()|[]{}^$/-&~#")
 
 
@@ -131,7 +133,10 @@ class _Builder:
         self.rules: list[str] = []
         self.arg_rules: list[str] = []
         """Per callable tool, its arguments' rule (made once, shared by every call)."""
-        self.made: set[str] = set()
+        self.raw: set[str] = set()
+        """The raw-string lexemes made (one per length range)."""
+        self.json_rules: dict[str, str] = {}
+        """Each ``%json`` body made, by its text, and its rule's name."""
 
     def add(self, name: str, body: str) -> str:
         self.rules.append(f"{name}: {body}")
@@ -150,8 +155,14 @@ class _Builder:
         return " ".join(out)
 
     def json_value(self, name: str, schema: dict[str, Any]) -> str:
-        doc = {**bound_numbers(schema), "x-guidance": _json_options(self.dialect)}
-        return self.add(name, f"%json {json.dumps(doc)}")
+        """A JSON value under ``schema``; one rule per distinct schema (XML and Python
+        parameters of many tools share their ``integer`` or ``boolean``)."""
+        bare = {k: v for k, v in schema.items() if k not in _ANNOTATIONS}
+        doc = {**bound_numbers(bare), "x-guidance": _json_options(self.dialect)}
+        body = f"%json {json.dumps(doc)}"
+        if body not in self.json_rules:
+            self.json_rules[body] = self.add(name, body)
+        return self.json_rules[body]
 
     # -- arguments
     def args(self, name: str, tool: Tool) -> str:
@@ -193,18 +204,23 @@ class _Builder:
             alts = self.add(name, " | ".join(text_markup(v) or '""' for v in values))
             return f"{alts} {self.markup(close)}"
         lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
-        span = f"{{{lo},{hi}}}"
         core = close.strip()
         lead = close[: len(close) - len(close.lstrip())]
         tail = close[len(lead) + len(core):]
-        terminal = name.upper()
-        # never the marker inside: the parser ends a value at its first marker
-        self.rules.append(f"{terminal}: /(?s:.{span})/ & ~/(?s:.*{_regex_text(core)}.*)/")
+        # one lexeme per length range, shared by every parameter with it (a grammar of many
+        # tools would otherwise hold hundreds of equal lexemes)
+        terminal, rule = f"RAW_{lo}_{hi}", f"raw_{lo}_{hi}"
+        if terminal not in self.raw:
+            self.raw.add(terminal)
+            # never the marker inside: the parser ends a value at its first marker
+            self.rules.append(f"{terminal}: /(?s:.{{{lo},{hi}}})/ & "
+                              f"~/(?s:.*{_regex_text(core)}.*)/")
+            if "<[" not in self.lit(core):
+                before = f"({text_markup(lead)})? " if lead else ""
+                self.rules.append(f"{rule}[lazy]: {terminal} {before}{text_markup(core)}")
         if "<[" in self.lit(core):
             return f"{terminal} {self.markup(close)}"
-        before = f"({text_markup(lead)})? " if lead else ""
-        self.rules.append(f"{name}[lazy]: {terminal} {before}{text_markup(core)}")
-        return f"{name} {self.markup(tail)}" if tail else name
+        return f"{rule} {self.markup(tail)}" if tail else rule
 
     def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str:
         """``k=v`` joined by the separator: required ones always, optional ones maybe, no
@@ -411,23 +427,26 @@ def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int, *, after: str = "
            name: str = "calls") -> str:
     """The rule ``name``: a turn's calls (the section, separators, at most ``max_calls``);
     ``after``: the markup word the calls open with was already written (a lead took it).
-    Returns ``name``."""
+    Both forms share every per-tool rule: the first call is the markup word (where the
+    calls open without a section) then ``call_0h``, the call without it. Returns ``name``."""
     d = b.dialect
     by_position = d.ids == "index" or INDEX in d.call
+    head = call_head(d)
     if not b.arg_rules:
         b.arg_rules = [b.args(f"a{i}", t) for i, t in enumerate(tools)]
-    args, made = b.arg_rules, b.made
-    positions = range(max_calls) if by_position else range(1)
-    for k in positions:
-        if f"call_{k}" not in made:
-            made.add(f"call_{k}")
-            b.add(f"call_{k}", " | ".join(b.call(f"t{i}_{k}", t, args[i], k)
-                                          for i, t in enumerate(tools)))
-    first = "call_0"
-    strip_call = after and not d.section
-    if strip_call:
-        first = b.add("call_0h", " | ".join(b.call(f"t{i}_0h", t, args[i], 0, strip=after)
+        positions = range(max_calls) if by_position else range(1)
+        for k in positions:
+            if k == 0 and head and not d.section:  # the word apart, the rest shared
+                first_piece = d.call[0] if isinstance(d.call[0], str) else ""
+                word = first_piece[: first_piece.index(head) + len(head)]
+                b.add("call_0h", " | ".join(b.call(f"t{i}_0h", t, b.arg_rules[i], 0,
+                                                   strip=head)
                                             for i, t in enumerate(tools)))
+                b.add("call_0", f"{b.markup(word)} call_0h")
+                continue
+            b.add(f"call_{k}", " | ".join(b.call(f"t{i}_{k}", t, b.arg_rules[i], k)
+                                          for i, t in enumerate(tools)))
+    first = "call_0h" if after and not d.section else "call_0"
     sep = b.markup(d.separator)
     more = ""
     for k in range(max_calls - 1, 0, -1):  # nested optionals: at most max_calls calls
