@@ -1,14 +1,14 @@
 """A reply with tools or a think block, streamed as it is written (``chatkit serve``).
 
-The reply's raw text carries markup (tool calls in their dialect, a think block closed by
-``</think>``). :class:`ReplyDeltas` reads it as it grows and gives OpenAI chat deltas:
-``reasoning_content``, then ``content``, or ``tool_calls``: Hermes calls with the call's id
-and name as soon as its name is written, then its ``arguments`` in fragments; every other
-dialect's calls each as it completes (id, name and arguments in one delta, read by the
-dialect's parser). The grammar guarantees
-that every prefix extends to a valid reply, so nothing is held back but markup that may
-still be forming. :meth:`ReplyDeltas.finish` reconciles with the parsed reply (what the
-stream has not said yet), so the deltas always add up to the final message.
+The reply's raw text carries markup (tool calls in their dialect, a think block, text
+before the calls). :class:`ReplyDeltas` reads it as it grows and gives OpenAI chat deltas:
+``reasoning_content``, then ``content``, then ``tool_calls``: each call's id and name as
+soon as they are written (the id fixed there), then its ``arguments`` in fragments (Hermes
+and every JSON dialect as written; XML-like and Python ones a parameter at a time, as
+JSON). The grammar guarantees that every prefix extends to a valid reply, so nothing is
+held back but markup that may still be forming. :meth:`ReplyDeltas.finish` reconciles with
+the parsed reply (what the stream has not said yet), so the deltas always add up to the
+final message.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from ..messages import Reply
 from ..tools.definition import Tool
 from ..tools.dialects import HERMES, Dialect
 from ..tools.grammar import call_head
-from ..tools.parser import ScannedCall, scan_calls, scan_head, xml_args_so_far
+from ..tools.parser import (
+    ScannedCall,
+    py_args_so_far,
+    scan_calls,
+    scan_head,
+    xml_args_so_far,
+)
 
 __all__: list[str] = []
 
@@ -75,8 +81,8 @@ class _JsonEnd:
 
 class _DialectCalls:
     """A non-Hermes dialect's calls as they are written: a call's id and name once its name
-    is written, then its arguments (JSON ones in fragments as written, XML-like ones a
-    parameter at a time, Python ones whole), then the next call. ``calls`` is the reader's
+    is written, then its arguments (JSON ones in fragments as written, XML-like and Python
+    ones a parameter at a time), then the next call. ``calls`` is the reader's
     list of announced calls (shared)."""
 
     def __init__(self, reader: ReplyDeltas) -> None:
@@ -135,12 +141,11 @@ class _DialectCalls:
                 text = json.dumps(value if isinstance(value, dict) else {},
                                   ensure_ascii=False)
                 call["ended"] = True
-            elif kind == "xml":
+            else:  # a parameter at a time
                 tool = next(t for t in r.tool_list if t.name == call["name"])
-                so_far = xml_args_so_far(r.text, call["at"], r.dialect, tool)
+                so_far = xml_args_so_far(r.text, call["at"], r.dialect, tool) \
+                    if kind == "xml" else py_args_so_far(r.text, call["at"], r.dialect)
                 text = json.dumps(so_far, ensure_ascii=False)[:-1] if so_far else ""
-            else:
-                return None
             fragment = text[len(call["arguments"]):] if text.startswith(call["arguments"]) \
                 else ""
         if not fragment:

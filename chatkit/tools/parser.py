@@ -313,6 +313,27 @@ def xml_args_so_far(text: str, pos: int, dialect: Dialect, tool: Tool) -> dict[s
     return _Scanner(text, dialect, [tool]).xml_args(pos, props, partial=True)[0]
 
 
+def py_args_so_far(text: str, pos: int, dialect: Dialect) -> dict[str, Any]:
+    """The Python keyword arguments written completely from ``pos`` so far: the longest
+    prefix ending before a separator that reads as keyword arguments."""
+    sep = dialect.args.separator.strip() or ","
+    body = text[pos:]
+    cut = body.rfind(sep)
+    while cut > 0:
+        try:
+            node = ast.parse(f"f({body[:cut]})", mode="eval").body
+        except SyntaxError:
+            cut = body.rfind(sep, 0, cut)
+            continue
+        if isinstance(node, ast.Call) and not node.args:
+            try:
+                return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+            except ValueError:
+                return {}
+        return {}
+    return {}
+
+
 def split_reasoning(text: str, dialect: Dialect, *, opened: bool,
                     captured: str | None = None) -> tuple[str | None, str]:
     """A reply's think text (None: it wrote no think block) and the rest, by the dialect's
