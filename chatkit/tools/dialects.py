@@ -155,7 +155,7 @@ class Dialect:
 
 
 # ------------------------------------------------------------------ wire text
-def _py_value(value: Any, quote: str) -> str:
+def _py_value(value: Any, quote: str, separators: tuple[str, str] = (",", ":")) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
     if value is None:
@@ -165,7 +165,7 @@ def _py_value(value: Any, quote: str) -> str:
         if quote == "'":
             body = body.replace('\\"', '"').replace("'", "\\'")
         return f"{quote}{body}{quote}"
-    return _json(value)
+    return _json(value, separators)
 
 
 def _json(value: Any, separators: tuple[str, str] = (",", ":")) -> str:
@@ -179,7 +179,7 @@ def render_args(args: Args, arguments: dict[str, Any],
     if args.kind == "json":
         return _json(arguments, separators)
     if args.kind == "python":
-        return args.separator.join(f"{k}={_py_value(v, args.quote)}"
+        return args.separator.join(f"{k}={_py_value(v, args.quote, separators)}"
                                    for k, v in arguments.items())
     parts = []
     for key, value in arguments.items():

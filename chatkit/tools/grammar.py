@@ -142,16 +142,18 @@ class _Builder:
         self.rules.append(f"{name}: {body}")
         return name
 
-    def markup(self, text: str) -> str:
+    def markup(self, text: str, *, before_raw: bool = False) -> str:
         """Call markup as Lark, its line breaks optional: a family's templates differ in
         the layout around the same markers (a newline after ``<tool_call>`` or none), and
-        a model writes the one it was trained on; spaces stay as written."""
+        a model writes the one it was trained on; spaces stay as written. ``before_raw``:
+        a raw value follows, so trailing layout stays as written (optional, the value
+        could begin with it, and its length would count it)."""
+        runs = [r for r in re.split(r"(\s*\n\s*)", text) if r]
         out = []
-        for run in re.split(r"(\s*\n\s*)", text):
-            if not run:
-                continue
+        for k, run in enumerate(runs):
             lark = self.lit(run)
-            out.append(f"({lark})?" if not run.strip() else lark)
+            last = before_raw and k == len(runs) - 1
+            out.append(f"({lark})?" if not run.strip() and not last else lark)
         return " ".join(out)
 
     def json_value(self, name: str, schema: dict[str, Any]) -> str:
@@ -186,7 +188,7 @@ class _Builder:
         a: Args = self.dialect.args
         parts = []
         for key, value, required in items:  # each value rule ends with value_close
-            one = f"{self.markup(a.key_open + key + a.key_close)} {value}"
+            one = f"{self.markup(a.key_open + key + a.key_close, before_raw=True)} {value}"
             parts.append(one if required else f"({one})?")
         return " ".join(parts)
 
@@ -253,10 +255,20 @@ class _Builder:
             self.rules.append(f"{terminal}: /{q}(?:[^{q}\\\\\\n]|\\\\.){span}{q}/")
             return terminal
         kind = schema.get("type") if isinstance(schema, dict) else None
+        values = schema.get("enum", [schema["const"]] if "const" in schema else None) \
+            if isinstance(schema, dict) else None
+        if isinstance(values, list) and values:  # a mixed enum, each in Python's spelling
+            return self.add(name, " | ".join(text_markup(
+                _py_literal(v, quote) if isinstance(v, str) else "None" if v is None
+                else str(v) if isinstance(v, bool) else json.dumps(v)) for v in values))
         if kind == "boolean":
             return self.add(name, '"True" | "False"')
         if kind == "null":
             return self.add(name, '"None"')
+        members = _simple_union(schema)
+        if members:  # Optional[str] and friends: each member in Python's spelling
+            return self.add(name, " | ".join(self.py_value(f"{name}_{k}", m)
+                                             for k, m in enumerate(members)))
         return self.json_value(name, schema if isinstance(schema, dict) else {})
 
     # -- calls
@@ -281,6 +293,27 @@ class _Builder:
             elif piece is ARGS:
                 parts.append(args_rule)
         return self.add(name, " ".join(p for p in parts if p))
+
+
+_SIMPLE = ("string", "null", "boolean", "integer", "number")
+
+
+def _simple_union(schema: Any) -> list[dict[str, Any]]:
+    """The members of a union of simple types (``type: [string, null]``, or an ``anyOf``
+    of simple schemas), each a schema of its own; [] for anything else."""
+    if not isinstance(schema, dict):
+        return []
+    kinds = schema.get("type")
+    if isinstance(kinds, list) and len(kinds) > 1 and all(k in _SIMPLE for k in kinds):
+        rest = {k: v for k, v in schema.items() if k != "type"}
+        return [{**rest, "type": k} if k == "string" else {"type": k} for k in kinds]
+    options = schema.get("anyOf")
+    if isinstance(options, list) and len(options) > 1 and set(schema) <= {
+            "anyOf", *_ANNOTATIONS, "default"} and all(
+            isinstance(o, dict) and o.get("type") in _SIMPLE and "enum" not in o
+            for o in options):
+        return list(options)
+    return []
 
 
 def _py_literal(value: str, quote: str) -> str:
