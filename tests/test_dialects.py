@@ -365,8 +365,9 @@ def test_family_tool_turns_on_a_real_model(smol_long: Model, family: str) -> Non
         conv = Conversation(smol_long, template=t, max_tokens=TEXT_TOKENS, think_budget=THINK)
         try:
             r = conv.send("Say hello.", tools=TOOLS, tool_choice=choice, seed=1)
-        except Truncated:
-            assert d.text_close, "only a text wrapper's closing marker can be cut"
+        except Truncated as cut:  # a text wrapper's end, or a call auto chose, cut short
+            assert d.text_close or (choice == "auto" and call_head(d) and call_head(d) in
+                                    cut.text), cut.text
             continue
         if r.tool_calls:
             assert choice == "auto"
