@@ -105,3 +105,12 @@ def test_a_think_block_before_calls_streams_as_reasoning() -> None:
     assert "".join(p.get("reasoning_content", "") for p in parts).strip() == "Oslo, two days."
     assert not "".join(p.get("content", "") for p in parts).strip()
     assert _reassemble(parts)[0][0]["name"] == "get_weather"
+
+
+def test_a_hermes_call_after_layout_streams_its_arguments() -> None:
+    """The grammar lets a forced call open after a line break: it still streams in pieces."""
+    d = DIALECTS["hermes"]
+    parts, announced_at = _stream(d, "\n" + render_calls(d, CALLS[:1]))
+    got, pieces = _reassemble(parts)
+    assert 0 <= announced_at < len(render_calls(d, CALLS[:1])) - 1 and pieces[0] >= 2
+    assert json.loads(got[0]["arguments"]) == CALLS[0].arguments

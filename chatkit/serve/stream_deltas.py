@@ -34,7 +34,9 @@ __all__: list[str] = []
 
 THINK_CLOSE = "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes, streamed in fragments
-_HEAD = re.compile(r'\{\s*"name":\s*"((?:[^"\\]|\\.)*)",\s*"arguments":\s*')
+_HEAD = re.compile(r'\{\s*"name":\s*"((?:[^"\\]|\\.)*)",\s*"arguments":\s*(?=\S)')
+"""A Hermes call up to its arguments' first character (the layout before them is not
+theirs)."""
 
 
 def _held(text: str, marker: str) -> int:
@@ -319,21 +321,24 @@ class ReplyDeltas:
         if current is not None and not current["ended"]:
             return self._arguments(current, rest)
         if current is not None and not current["closed"]:
-            closing = f"}}\n{CALL_CLOSE}"  # the body object's end, then the markup
-            if len(rest) < len(closing) and closing.startswith(rest):
+            # the body object's end, then the markup (its line break optional)
+            squashed = rest.replace("\n", "")
+            closing = f"}}{CALL_CLOSE}"
+            if len(squashed) < len(closing) and closing.startswith(squashed):
                 return None
-            self.pos += len(closing) if rest.startswith(closing) else len(rest)
+            end = rest.find(CALL_CLOSE)
+            self.pos += end + len(CALL_CLOSE) if end >= 0 else len(rest)
             current["closed"] = True
             return {}
-        opening = f"{CALL_OPEN}\n"
-        skip = 1 if current is not None and rest.startswith("\n") else 0
-        body = rest[skip:]
-        if len(body) < len(opening) and opening.startswith(body):
+        body = rest.lstrip()  # layout before a call (the grammar allows a line break or two)
+        skip = len(rest) - len(body)
+        if len(body) < len(CALL_OPEN) + 1 and f"{CALL_OPEN}\n".startswith(body):
             return None
-        if not body.startswith(opening):  # the grammar allows nothing else: finish() says it
+        if not body.startswith(CALL_OPEN):  # the grammar allows nothing else: finish() says it
             self.pos = len(self.text)
             return {}
-        head = _HEAD.match(body, len(opening))
+        after = len(CALL_OPEN) + (1 if body[len(CALL_OPEN):].startswith("\n") else 0)
+        head = _HEAD.match(body, after)
         if head is None:
             return None  # the name is still being written
         self.pos += skip + head.end()
