@@ -114,3 +114,21 @@ def test_a_hermes_call_after_layout_streams_its_arguments() -> None:
     got, pieces = _reassemble(parts)
     assert 0 <= announced_at < len(render_calls(d, CALLS[:1])) - 1 and pieces[0] >= 2
     assert json.loads(got[0]["arguments"]) == CALLS[0].arguments
+
+
+def test_a_think_close_written_twice_is_not_content() -> None:
+    """Where a think budget runs out the close is optional, and a model may write it again
+    after the block's own: neither the stream nor the parser takes it as content."""
+    from chatkit.tools.parser import split_reasoning
+
+    close = "<|end|><|start|>assistant"
+    d = dataclasses.replace(DIALECTS["harmony"], reasoning=("<|channel|>analysis<|message|>",
+                                                            close))
+    call = render_calls(d, CALLS[:1])
+    text = "<|channel|>analysis<|message|>Rome." + close + close + call
+    deltas = ReplyDeltas(thinking=False, tools=True, dialect=d, tool_list=tuple(TOOLS),
+                         think_open=d.reasoning[0], think_close=close)
+    parts = [p for ch in text for p in deltas.feed(ch)]
+    assert not "".join(p.get("content", "") for p in parts).strip()
+    assert _reassemble(parts)[0][0]["name"] == "get_weather"
+    assert split_reasoning(text, d, opened=False) == ("Rome.", call)

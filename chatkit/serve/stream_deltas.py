@@ -229,10 +229,15 @@ class ReplyDeltas:
                 return None
             self.pos += safe
             return self._reasoning(rest[:safe])
-        if self.phase == "gap":  # the "\n\n" after the think block
+        if self.phase == "gap":  # the "\n\n" after the think block (its close again, too)
             if rest[0] == "\n":
                 self.pos += 1
                 return {}
+            if rest.startswith(self.think_close):
+                self.pos += len(self.think_close)
+                return {}
+            if self.think_close.startswith(rest):
+                return None  # may be the close again, still forming
             self.phase = "body"
             return {}
         if self.mode is None:

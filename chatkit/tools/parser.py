@@ -354,13 +354,15 @@ def split_reasoning(text: str, dialect: Dialect, *, opened: bool,
         at = rest.find(captured) if captured else 0
         if at >= 0:
             after = rest[at + len(captured):]
-            stripped_after = after.lstrip()
-            if stripped_after.startswith(close):
-                after = stripped_after[len(close):]
+            while after.lstrip().startswith(close):  # written, and again where optional
+                after = after.lstrip()[len(close):]
             return captured.strip(), after
     if end < 0:
         return rest.strip(), ""
-    return rest[:end].strip(), rest[end + len(close):]
+    after = rest[end + len(close):]
+    while after.lstrip().startswith(close):  # written again where the grammar allowed it
+        after = after.lstrip()[len(close):]
+    return rest[:end].strip(), after
 
 
 def _lead(text: str, dialect: Dialect) -> tuple[str, str]:
