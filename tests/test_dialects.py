@@ -285,7 +285,11 @@ def test_tool_format_overrides_and_unknown_is_refused(smol: Model) -> None:
 
 def test_tool_format_against_the_templates_own_is_said(
         smol: Model, caplog: pytest.LogCaptureFixture) -> None:
-    """Forcing a format the template does not render is allowed, and logged with both."""
+    """Forcing a format the template does not render is allowed, and logged with both
+    (once per template and format)."""
+    from chatkit.tools import detect
+
+    detect._forced.cache_clear()
     with caplog.at_level(logging.WARNING, logger="chatkit"):
         tool_setup(smol, family_template("qwen3"), "qwen3-xml")
     assert "renders calls as 'hermes'" in caplog.text

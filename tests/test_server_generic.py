@@ -98,3 +98,20 @@ def test_anthropic_sdk_gets_a_tool_use_plain_and_streamed(server: _Running) -> N
     assert "input_json" in kinds or "content_block_delta" in kinds
     uses = [b for b in final.content if b.type == "tool_use"]
     assert uses and all(set(u.input) == {"city", "days"} for u in uses)
+
+
+def test_a_turn_without_tools_after_a_generic_tool_exchange(gemma: Model) -> None:
+    """Gemma's template knows no tool role: the history keeps the generic form (results as
+    a user turn, the next question joined to it) on a later turn offered no tools."""
+    from chatkit import Conversation, tool
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return f"sunny in {city}"
+
+    conv = Conversation(gemma, max_tokens=60)
+    reply = conv.send("Weather in Oslo?", tools=[get_weather], tool_choice="required")
+    assert reply.tool_calls
+    conv.add_tool_result(reply.tool_calls[0], "sunny, 21 C")
+    assert conv.send("Thanks! Anything else?", max_tokens=8).text is not None

@@ -132,3 +132,10 @@ def test_a_think_close_written_twice_is_not_content() -> None:
     assert not "".join(p.get("content", "") for p in parts).strip()
     assert _reassemble(parts)[0][0]["name"] == "get_weather"
     assert split_reasoning(text, d, opened=False) == ("Rome.", call)
+
+
+def test_a_text_wrapper_close_never_streams_as_content() -> None:
+    """Command R7B's text is wrapped: its closing marker is not content."""
+    d = DIALECTS["command-r7b"]
+    parts, _ = _stream(d, "<|START_RESPONSE|>Hello there<|END_RESPONSE|>")
+    assert "".join(p.get("content", "") for p in parts) == "Hello there"

@@ -46,7 +46,7 @@ from ..messages import Message
 from ..templates import ChatTemplate, Segment, fold_system, tokenize_segments
 from ..tools.definition import Tool, check_tools
 from ..tools.detect import (
-    detect_dialect,
+    dialect_of_history,
     generic_messages,
     history_for,
     tool_reasoning,
@@ -191,8 +191,8 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
         and not ctx.no_think and template.supports_thinking
     messages = (*ctx.history, *([user] if user else []))
     history_dialect = dialect
-    if dialect is None and any(m.tool_calls for m in messages):
-        history_dialect = detect_dialect(template)  # earlier calls in its form (ids, ...)
+    if dialect is None and any(m.tool_calls or m.role == "tool" for m in messages):
+        history_dialect = dialect_of_history(engine, template)  # earlier calls in its form
     prompt, prompt_text = _render(ctx, template, list(messages), tools, thinking=thinking,
                                   dialect=history_dialect)
     dialect, think_budget, think_opened = _tool_thinking(ctx, dialect, prompt_text, opts)

@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import marshal
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -130,6 +131,18 @@ def llg_tokens(pieces: list[bytes], attrs: NDArray[np.int32]) -> list[bytes]:
         if attrs[t] & ATTR_CONTROL or (p.startswith(b"<") and p.endswith(b">")):
             tokens[t] = b"\xff" + p
     return tokens
+
+
+_HTML_TAG = re.compile(r"</?[a-z][a-z0-9]*/?>")
+_THINK_TAGS = frozenset({"<think>", "</think>"})
+
+
+def _markup_like(text: str) -> bool:
+    """A token text that reads as a model's markup, not as text or an HTML tag."""
+    if text in _THINK_TAGS:
+        return True
+    return len(text) > 2 and text[0] in "<[" and not _HTML_TAG.fullmatch(text) \
+        and not text.isspace()
 
 
 # ------------------------------------------------------------------ the disk cache
@@ -383,10 +396,16 @@ class Vocab:
         return True
 
     def content_special_ids(self) -> frozenset[int]:
-        """User-defined token ids: llama.cpp's special-token partition matches them even in
-        text tokenized with ``special=False`` (cached)."""
-        return self.cache("content_special_ids", lambda: frozenset(
-            np.flatnonzero(self.table()[1] & ATTR_USER_DEFINED).tolist()))
+        """User-defined token ids that read as markup (``<tool_call>``, ``<|end|>``,
+        ``<|START_OF_TURN_TOKEN|>``): llama.cpp's special-token partition matches them even
+        in text tokenized with ``special=False``. Plain HTML tags (Gemma's ``<b>``,
+        ``<table>``) and whitespace runs are text, as in the model's own tokenizer. Cached."""
+        def build() -> frozenset[int]:
+            pieces, attrs = self.table()
+            return frozenset(t for t in np.flatnonzero(attrs & ATTR_USER_DEFINED).tolist()
+                             if _markup_like(pieces[t].decode("utf-8", errors="replace")))
+
+        return self.cache("content_special_ids", build)
 
     def special_texts(self) -> tuple[str, ...]:
         """Texts of the tokens ``tokenize(special=True)`` parses (control, user-defined and

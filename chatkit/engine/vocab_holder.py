@@ -66,6 +66,7 @@ class HoldsVocabulary:
         return self.vocab.special_texts()
 
     def content_special_ids(self) -> frozenset[int]:
+        """Special ids plain-text tokenizing still produces (see ``Vocab``)."""
         return self.vocab.content_special_ids()
 
     def grammar_token_words(self) -> NDArray[np.int32]:

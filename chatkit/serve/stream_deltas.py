@@ -245,7 +245,7 @@ class ReplyDeltas:
         if self.mode == "content" and self.dialect.text_json:
             self.pos = len(self.text)  # a JSON string: said whole by finish()
             return None
-        if self.mode == "content" and self.head:
+        if self.mode == "content" and self.head and not self.dialect.text_close:
             return self._content_then_calls(rest)
         if self.mode == "content":
             close = self.dialect.text_close

@@ -587,6 +587,8 @@ def content_ids(model: Vocabulary, text: str) -> list[int]:
         out += model.tokenize(piece[:1], special=False) + \
             model.tokenize(piece[1:], special=False)
         pos = at + len(piece)
+    if pos == 0:
+        return ids  # no special piece found in the text itself
     return out + (content_ids(model, text[pos:]) if pos < len(text) else [])
 
 

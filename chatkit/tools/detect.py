@@ -11,10 +11,11 @@ tool markup in the source,
 and their history carries the calls in the assistant's content, in the family's markup.
 
 Choosing the turn's template and dialect (:func:`tool_setup`) never switches template
-silently: the conversation's template with its detected dialect, or ``tool_format=``'s
-dialect with that template; the bundled ``hermes`` template only when the template has no
-tool format at all and the vocabulary has ChatML's control tokens (logged); otherwise
-``ToolFormatUnsupported`` naming what the template rendered.
+silently: the conversation's template with its detected (or derived) dialect, or
+``tool_format=``'s dialect with that template; a template with no tool syntax keeps its
+template with the generic dialect, or the bundled ``hermes`` template where the vocabulary
+has ChatML's control tokens (both logged); otherwise ``ToolFormatUnsupported`` naming what
+the template rendered.
 """
 
 from __future__ import annotations
@@ -193,25 +194,16 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
     """The template and dialect of a turn with tools (see the module docstring).
 
     Raises ``InvalidParameter`` for an unknown ``tool_format`` and ``ToolFormatUnsupported``
-    for a template whose calls match no dialect, or with no tool format on a vocabulary
-    without ChatML's control tokens."""
+    for a template whose calls match no dialect and none can be derived."""
     if tool_format is not None:
         if tool_format not in DIALECTS:
             raise InvalidParameter("tool_format", f"{tool_format!r} is not one of "
                                    f"{', '.join(DIALECTS)}")
-        if not template.mentions_tools:
+        if not template.mentions_tools and tool_format != GENERIC.name:
             raise ToolFormatUnsupported(template.name, f"tool_format={tool_format!r}, but the "
                                         "template renders no tools, so the model would never "
-                                        "see them; pass a template that does")
-        chosen = DIALECTS[tool_format]
-        rendered = _detect(template.source)
-        if isinstance(rendered, Dialect) and rendered.name != chosen.name:
-            _log.warning("tools: tool_format=%r, but template %r renders calls as %r: the "
-                         "model writes %r calls while its history shows %r ones",
-                         tool_format, template.name, rendered.name, tool_format,
-                         rendered.name)
-        return template, (chosen if chosen is GENERIC else _learn(template, chosen,
-                                                                   as_text=False))
+                                        "see them; pass a template that does (or 'generic')")
+        return template, _forced(template.source, tool_format)
     found = _detect(template.source)
     if isinstance(found, Dialect):
         _log.debug("tools: template %r writes %r calls", template.name, found.name)
@@ -226,6 +218,30 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
         return template, GENERIC
     _log.info("tools: bundled 'hermes' template (%r has no tool format)", template.name)
     return ChatTemplate.bundled("hermes"), HERMES
+
+
+@functools.lru_cache(maxsize=64)
+def _forced(source: str, tool_format: str) -> Dialect:
+    """``tool_format``'s record as the template lays the turn out (once per template and
+    format; a format other than the template's own is logged, once)."""
+    chosen = DIALECTS[tool_format]
+    template = ChatTemplate.from_string(source, name="forced")
+    rendered = _detect(source)
+    if isinstance(rendered, Dialect) and rendered.name != chosen.name:
+        _log.warning("tools: tool_format=%r, but the template renders calls as %r: the model "
+                     "writes %r calls while its history shows %r ones", tool_format,
+                     rendered.name, tool_format, rendered.name)
+    return chosen if chosen is GENERIC else _learn(template, chosen, as_text=False)
+
+
+def dialect_of_history(engine: Vocabulary, template: ChatTemplate) -> Dialect | None:
+    """The dialect earlier calls and results are rendered in on a turn without tools: the
+    template's own, or the generic one where ``tool_setup`` would choose it."""
+    found = detect_dialect(template)
+    if found is None and not template.mentions_tools and not (
+            single_control(engine, "<|im_start|>") and single_control(engine, "<|im_end|>")):
+        return GENERIC
+    return found
 
 
 @functools.lru_cache(maxsize=64)
@@ -261,6 +277,11 @@ def generic_messages(messages: Sequence[Message],
             out.append(Message("system", note))
     results = False  # the last turn out holds tool results
     for m in history_for(messages, GENERIC):
+        if m.role == "user" and results:  # roles alternate in such templates
+            out[-1] = dataclasses.replace(out[-1], content=out[-1].content + "\n\n" +
+                                          m.content)
+            results = False
+            continue
         if m.role != "tool":
             out.append(m)
             results = False

@@ -321,7 +321,7 @@ GENERIC = Dialect(
     text_close="}", text_json=True, renders_calls=False, json_separators=(", ", ": "),
     families=("any template without tool syntax (llama-server's generic format)",))
 """The fallback for a template with no tool syntax: the tools are described in the system
-turn (:func:`.detect.generic_system`), a reply is one JSON object, ``{"tool_calls": [...]}``
+turn (:func:`.detect.generic_messages`), a reply is one JSON object, ``{"tool_calls": [...]}``
 or ``{"response": "..."}``, and the history carries calls and results as that JSON."""
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (

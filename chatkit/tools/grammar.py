@@ -6,8 +6,8 @@ only where the schema resolves to string, ``%json`` elsewhere; Python keywords: 
 strings, ``True``/``False``/``None``, JSON for numbers and containers), with chatkit's
 number bounds. A name can never be paired with another tool's arguments. ``tool_choice``:
 
-- ``"auto"``: free text containing no call opening, or calls (from the start of the
-  reply); once a call starts it is fully constrained.
+- ``"auto"``: free text containing no call opening, calls, or text then calls where
+  the family writes that (after an optional think block); a call is fully constrained.
 - ``"required"``: one or more calls (exactly one when not parallel).
 - ``"none"``: free text in which the call opening cannot appear.
 - a tool name: calls of exactly that tool.

@@ -192,7 +192,7 @@ class _Scanner:
             elif piece is NAME:
                 name, pos = self.name(pos, following)
             elif piece is ARGS:
-                if following is None and not name:
+                if not name:  # the name after the arguments: the call is said whole
                     raise _NoMatch(pos, "a tool name")
                 return name, written, _skip_space(self.text, pos)
             else:
