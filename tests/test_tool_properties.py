@@ -813,10 +813,10 @@ def test_grammar_accepted_text_parses(engine: Model, name: str, data: st.DataObj
 
 
 WALK_ORDER = pytest.mark.xfail(strict=False, reason=(
-    "seen failing only inside the full suite, never alone (deepseek-v3.1 and one more): the "
-    "200-example walk re-renders calls whose JSON strings hold other families' markers and "
-    "the grammar refuses one of them; the refusal depends on what ran before (a state shared "
-    "across tests: under study, see the issue note)"))
+    "number spelling: a walk that writes a small number (-0.000007, accepted) parses it to a "
+    "float that json.dumps re-renders as -7e-06, which the grammar's bounded-number lexer "
+    "(no exponent) refuses; seen for deepseek-v3.1 and granite-3 in full-suite runs, where "
+    "the walk drew such a number (the number-spelling mismatch, not fixed yet)"))
 
 
 @pytest.mark.slow
