@@ -5,6 +5,7 @@ that let a test force what a real model would only probably do."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import socket
 import subprocess
@@ -12,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, Literal
 
 import httpx
@@ -322,3 +325,13 @@ def serving(command: list[str], base: str, health: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def load_dev() -> ModuleType:
+    """The repository's ``dev.py`` as a module (its set-up facts: cache paths, versions)."""
+    path = Path(__file__).resolve().parent.parent / "dev.py"
+    spec = importlib.util.spec_from_file_location("chatkit_dev", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.helpers import load_dev
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _dev() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("chatkit_dev", ROOT / "dev.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_child_killed_by_sigill_is_named_with_a_hint() -> None:
-    dev = _dev()
+    dev = load_dev()
     suicide = "import os, signal; os.kill(os.getpid(), signal.SIGILL)"
     with pytest.raises(dev.ChildFailed) as info:
         dev._run(sys.executable, "-c", suicide)
@@ -34,7 +26,7 @@ def test_a_child_killed_by_sigill_is_named_with_a_hint() -> None:
 
 def test_main_prints_the_failure_and_returns_the_shell_status(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    dev = _dev()
+    dev = load_dev()
     monkeypatch.setattr(dev, "setup", lambda extras=("dev",): None)
     monkeypatch.setattr(dev, "PY", Path(sys.executable))
     monkeypatch.setattr(dev, "ROOT", ROOT)
@@ -53,7 +45,7 @@ def test_main_prints_the_failure_and_returns_the_shell_status(
 
 
 def test_exit_descriptions() -> None:
-    dev = _dev()
+    dev = load_dev()
     py = "/x/.venv/bin/python"
     assert dev.describe_exit([py, "-m", "pytest"], 1) == ("pytest failed with exit status 1", 1)
     message, code = dev.describe_exit([py, "-m", "pytest"], -signal.SIGKILL)
@@ -62,7 +54,7 @@ def test_exit_descriptions() -> None:
 
 
 def test_build_options_key_the_wheel_and_keep_amx_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    dev = _dev()
+    dev = load_dev()
     monkeypatch.setattr(dev.platform, "machine", lambda: "x86_64")
     plain = dev.cmake_args({})
     assert "-mno-amx-tile" in plain and "CMAKE_CXX_FLAGS" in plain
@@ -79,7 +71,7 @@ def test_build_options_key_the_wheel_and_keep_amx_out(monkeypatch: pytest.Monkey
 def test_a_change_of_build_options_changes_the_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
     """The set-up's stamp covers the build options, so new CMAKE_ARGS reinstall from a
     wheel built with them (pip's cache would hand back the old build)."""
-    dev = _dev()
+    dev = load_dev()
     monkeypatch.delenv("CMAKE_ARGS", raising=False)
     plain = dev._fingerprint()
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_VULKAN=on")

@@ -18,19 +18,13 @@ from chatkit import Model
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
 from tests.test_server import _Running
+from tests.test_server_dialects import WEATHER
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 pytestmark = pytest.mark.gemma
 
 NAME = "gemma"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                    "days": {"type": "integer", "minimum": 1,
-                                                             "maximum": 9}},
-                   "required": ["city", "days"]}}}
-
 
 @pytest.fixture(scope="module")
 def server(gemma: Model) -> Iterator[_Running]:

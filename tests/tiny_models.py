@@ -36,19 +36,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import os
 import tarfile
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import gguf
 import numpy as np
 from gguf import GGUFValueType, TokenType
 from numpy.typing import NDArray
+
+from tests.helpers import load_dev
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPORA = Path(__file__).resolve().parent / "corpora"
@@ -243,18 +243,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
 ]}
 
 
-def _dev() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("chatkit_dev", ROOT / "dev.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def sdist_path() -> Path:
     """llama-cpp-python's sdist as ``python3 dev.py`` keeps it (``CHATKIT_SDIST_DIR`` moves
     it); ``FileNotFoundError`` naming the set-up command when it is not there."""
-    dev = _dev()
+    dev = load_dev()
     path: Path = Path(dev.sdist_dir()) / str(dev.LLAMA_SDIST)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run python3 dev.py setup (it downloads "
