@@ -339,7 +339,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _apply_grammar_limits(args)
     template = _serve_template(args)
-    n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * args.ctx_per_seq
+    ctx_per_seq, sized = _ctx_per_seq(args)
+    n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * ctx_per_seq
     cache_seqs = (args.cache_seqs if args.cache_seqs is not None  # refused by name beside
                   else 0 if args.reproducible  # --reproducible; else as many as fit
                   else min(args.n_seq_max, max(0, 256 - args.n_seq_max)))
@@ -351,7 +352,9 @@ def _serve(args: argparse.Namespace) -> int:
         model.n_ctx_seq = model.n_ctx // args.n_seq_max
     origin = (f"--n-ctx {args.n_ctx} shared by --n-seq-max {args.n_seq_max}"
               if args.n_ctx is not None else
-              f"--ctx-per-seq {args.ctx_per_seq} for each of --n-seq-max {args.n_seq_max}")
+              f"--ctx-per-seq {ctx_per_seq} for each of --n-seq-max {args.n_seq_max}")
+    logging.getLogger("chatkit").info("context: %d tokens for each of %d sequences (%s)",
+                                      model.n_ctx_seq, args.n_seq_max, sized)
     name = args.name or Path(str(model.path)).stem
     limits = ServerLimits(max_tokens=args.max_tokens_cap, context_source=origin,
                           speculative=args.speculative)
@@ -359,6 +362,48 @@ def _serve(args: argparse.Namespace) -> int:
           api_key=args.api_key or os.environ.get("CHATKIT_API_KEY") or None, limits=limits,
           max_queue=args.max_queue, template=template, tool_format=args.tool_format)
     return 0
+
+
+KV_MEMORY_SHARE = 0.5
+"""Of the memory available at start-up, the share the default context's KV cache may take."""
+
+
+def _ctx_per_seq(args: argparse.Namespace) -> tuple[int, str]:
+    """Each sequence's context and where it came from: ``--ctx-per-seq``, else the model's
+    training context, shrunk (to a multiple of 256, at least 2048) until the f16 KV cache
+    of ``--n-seq-max`` sequences takes at most ``KV_MEMORY_SHARE`` of the available memory."""
+    if args.ctx_per_seq is not None:
+        return args.ctx_per_seq, "--ctx-per-seq"
+    if args.n_ctx is not None:
+        return args.n_ctx // args.n_seq_max, "--n-ctx"
+    from .engine.gguf_header import kv_bytes_per_token, train_context
+    from .engine.vocab import checked_gguf
+
+    path = checked_gguf(args.model)
+    trained = train_context(path) or 4096
+    per_token, available = kv_bytes_per_token(path), _available_memory()
+    if per_token is None or available is None:
+        return trained, "the model's training context"
+    fits = int(available * KV_MEMORY_SHARE) // (per_token * args.n_seq_max)
+    if fits >= trained:
+        return trained, (f"the model's training context; KV cache at most "
+                         f"{trained * per_token * args.n_seq_max / 2**30:.1f} GiB")
+    chosen = max(2048, fits // 256 * 256)
+    return chosen, (f"limited by memory: the model's training context is {trained}; "
+                    f"KV cache at most {chosen * per_token * args.n_seq_max / 2**30:.1f} GiB "
+                    f"of {available / 2**30:.1f} GiB available; --ctx-per-seq sets it")
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``MemAvailable``; elsewhere None)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _int_at_least(value: str, low: int) -> int:
@@ -451,9 +496,9 @@ def _add_serve(sub: Any) -> None:
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     srv.add_argument("--port", type=_positive_int, default=8000)
     srv.add_argument("--api-key", help="required bearer token (or $CHATKIT_API_KEY)")
-    srv.add_argument("--ctx-per-seq", type=_positive_int, default=4096,
-                     help="context tokens of each sequence (default 4096: an agent's tools, "
-                          "output type and history fit)")
+    srv.add_argument("--ctx-per-seq", type=_positive_int, default=None,
+                     help="context tokens of each sequence (default: the model's training "
+                          "context, as far as half the available memory holds its KV cache)")
     srv.add_argument("--n-ctx", type=_positive_int, default=None,
                      help="context tokens in all, shared by the sequences (default: "
                           "--n-seq-max x --ctx-per-seq)")
@@ -465,8 +510,9 @@ def _add_serve(sub: Any) -> None:
                           "first when the pool needs room; not with --reproducible)")
     srv.add_argument("--max-queue", type=_positive_int, default=64,
                      help="turns that may wait for a sequence (then 429)")
-    srv.add_argument("--max-tokens-cap", type=_positive_int, default=4096,
-                     help="largest max_tokens a request may ask for")
+    srv.add_argument("--max-tokens-cap", type=_positive_int, default=None,
+                     help="largest max_tokens a reply gets, also the default (default: the "
+                          "room its prompt leaves); a request asking for more gets this many")
     srv.add_argument("--threads", type=_positive_int, default=None,
                      help="llama.cpp threads (default: every core)")
     srv.add_argument("--chat-template", metavar="FILE|NAME",

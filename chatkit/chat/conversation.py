@@ -72,6 +72,7 @@ class Conversation:
         template: ChatTemplate | str | None = None,
         think_budget: int = THINK_BUDGET,
         context_policy: Literal["drop_oldest"] | None = None,
+        fit_max_tokens: bool = False,
     ) -> None:
         check_max_tokens(max_tokens)
         check_positive("think_budget", think_budget)
@@ -91,6 +92,11 @@ class Conversation:
         exchanges (a user message and all that answers it, tool calls and results included)
         are left out of the prompt until it fits; the system prompt always stays, and
         ``messages`` keeps everything."""
+        self.fit_max_tokens = fit_max_tokens
+        """True: a ``max_tokens`` larger than the room the prompt leaves shrinks to that
+        room (the plan's ``context_capped`` says so; a reply that fills it ends as one cut
+        at ``max_tokens``), as llama-server and Anthropic's API do; a prompt that leaves no
+        room at all is still ``ContextOverflow``. False: ``ContextOverflow``."""
         self.template = (ChatTemplate.bundled(template) if isinstance(template, str)
                          else template or ChatTemplate.for_model(model))
         self.messages: list[Message] = history
@@ -149,7 +155,8 @@ class Conversation:
                                history=self._head() + self.messages[start:],
                                sampler=self.sampler, no_think=self.no_think,
                                think_budget=self.think_budget, max_tokens=self.max_tokens,
-                               stop=self.stop, local=local)
+                               stop=self.stop, local=local,
+                               fit_max_tokens=self.fit_max_tokens)
 
         plan = _plan_fitting(context, self.messages, self.context_policy, text, schema, options)
         return Turn(self.model, plan, self.kv, self.messages.extend, local=local)

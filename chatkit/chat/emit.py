@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 
 from ..engine.protocols import IncrementalDetokenizer, Vocabulary
 from ..tools.definition import Tool
 from ..tools.dialects import Dialect
-from ..tools.parser import scan_calls
+from ..tools.grammar import call_head
+from ..tools.parser import scan_calls, starts_calls
 
 __all__: list[str] = []
 
@@ -26,7 +28,9 @@ class TextEmitter:
 
     Text that may be the start of a stop string is withheld until it is not; a stop
     string (or, with ``tools``, a call repeating an earlier one of the reply) cuts the
-    text and sets ``cut``: the turn ends there. ``text`` is the reply so far.
+    text and sets ``cut``: the turn ends there. With a ``dialect``, stop strings apply to
+    the text before the calls' markup only (a call is never cut). ``text`` is the reply
+    so far.
     """
 
     def __init__(self, engine: Vocabulary, stop_strings: Sequence[str], *,
@@ -44,6 +48,8 @@ class TextEmitter:
         """The stop string that ended the text."""
         self.dropped_calls = 0
         self._held = ""  # text withheld while it may be the start of a stop string
+        self._head = call_head(dialect) if dialect is not None else ""
+        self._in_calls = False
 
     def feed(self, tok: int) -> str:
         """The delta a sampled token adds (maybe empty: held back or an unfinished
@@ -53,8 +59,12 @@ class TextEmitter:
         if (self._call_end and DEDUP_TOOL_CALLS and delta  # a call's end just written
                 and self._call_end in self.text[-(len(delta) + len(self._call_end)):]):
             self._drop_repeated_call()
-        if not self.stops:
+        if not self.stops or self._in_calls:
             return delta
+        if self.dialect is not None and self._calls_begin():  # stops end text, not calls
+            self._in_calls = True
+            pending, self._held = self._held + delta, ""
+            return pending
         for s in self.stops:
             cut = self.text.find(s)
             if cut >= 0:
@@ -68,6 +78,17 @@ class TextEmitter:
         keep = _stop_prefix_len(pending, self.stops)
         self._held = pending[len(pending) - keep :] if keep else ""
         return pending[: len(pending) - keep]
+
+    def _calls_begin(self) -> bool:
+        """Whether the calls' markup has begun in the text so far."""
+        assert self.dialect is not None
+        if self._head:
+            return self._head in self.text
+        # calls open the reply: once its start could be their opening, no stop applies
+        so_far = re.sub(r"\s+", "", self.text)
+        trigger = re.sub(r"\s+", "", self.dialect.trigger)
+        return starts_calls(self.text, self.dialect) or (
+            bool(so_far) and trigger.startswith(so_far))
 
     def _drop_repeated_call(self) -> None:
         """A greedy model repeats a finished call until the parallel cap: when the call just

@@ -10,6 +10,7 @@ decode.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -84,6 +85,8 @@ class TurnContext:
     stop: tuple[str, ...] = ()
     local: bool = True
     """The engine samples here (a remote engine samples on its server)."""
+    fit_max_tokens: bool = False
+    """``max_tokens`` shrinks to the room the prompt leaves (``Conversation``)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,9 @@ class TurnPlan:
     """Record per-token log-probabilities with this many alternatives (None: off)."""
     probabilities: bool | tuple[str, ...] = False
     """Fields whose value probabilities the reply reports (True: every enumerable one)."""
+    context_capped: bool = False
+    """``max_tokens`` was shrunk to the room the prompt leaves (``fit_max_tokens``): a reply
+    cut at it ran out of context, not of the tokens asked for."""
     schema: Any = None
     """The JSON schema the reply answers (a ``LoadedSchema``'s document), if any."""
     schema_model: Any = None
@@ -195,7 +201,11 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
         history_dialect = dialect_of_history(engine, template)  # earlier calls in its form
     prompt, prompt_text = _render(ctx, template, list(messages), tools, thinking=thinking,
                                   dialect=history_dialect)
+    opts, capped = _fit(opts, len(prompt), engine.n_ctx_seq, ctx.fit_max_tokens)
     dialect, think_budget, think_opened = _tool_thinking(ctx, dialect, prompt_text, opts)
+    if opts.stop and dialect is not None and dialect.text_json:
+        raise InvalidParameter("stop", f"the {dialect.name!r} tool format writes its text "
+                               "inside JSON, which a stop string cannot end")
     grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
                              thinking=thinking, dialect=dialect,
                              think=(think_budget, think_opened))
@@ -209,9 +219,19 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
                     stop_token=stop_token, messages=messages, auto_call=auto, dialect=dialect,
                     tool_thinking=think_budget is not None, think_opened=think_opened,
                     logprobs=opts.logprobs, probabilities=opts.probabilities,
-                    schema=loaded.doc if loaded is not None else
+                    context_capped=capped, schema=loaded.doc if loaded is not None else
                     schema.source if isinstance(schema, Constraint) else None,
                     schema_model=loaded.model_cls if loaded is not None else None)
+
+
+def _fit(opts: CallOptions, prompt_tokens: int, n_ctx: int, fit: bool
+         ) -> tuple[CallOptions, bool]:
+    """``opts`` with ``max_tokens`` shrunk to the room the prompt leaves, when ``fit`` and
+    it does not fit (and the prompt leaves any room: else the caller's ContextOverflow)."""
+    room = n_ctx - prompt_tokens
+    if not fit or opts.max_tokens <= room or room < 1:
+        return opts, False
+    return dataclasses.replace(opts, max_tokens=room), True
 
 
 def _tool_thinking(ctx: TurnContext, dialect: Dialect | None, prompt_text: str,
@@ -258,11 +278,12 @@ def _grammar(ctx: TurnContext, template: ChatTemplate, tools: list[Tool],
 def plan_completion(engine: Vocabulary, prompt: Sequence[int], *, sampler: Sampler,
                     max_tokens: int, schema: SchemaInput | None = None,
                     constraint: Constraint | None = None,
-                    stop: str | Sequence[str] | None = None) -> TurnPlan:
+                    stop: str | Sequence[str] | None = None,
+                    fit_max_tokens: bool = False) -> TurnPlan:
     """A raw completion: ``prompt`` token ids continued, no chat template (the server's
     ``/v1/completions``). It ends at EOS or the end-of-turn token; ``schema`` (JSON) or an
     unbound ``constraint`` (regex / Lark) governs it like a chat turn. Refusals before any
-    decode, as :func:`plan_turn`."""
+    decode, as :func:`plan_turn`; ``fit_max_tokens`` as ``Conversation``'s."""
     check_max_tokens(max_tokens)
     if not prompt:
         raise InvalidParameter("prompt", "empty prompt")
@@ -271,6 +292,10 @@ def plan_completion(engine: Vocabulary, prompt: Sequence[int], *, sampler: Sampl
     if schema is not None and constraint is not None:
         raise InvalidParameter("schema", "give a schema or a grammar, not both")
     stop_strings = check_stop(stop, constrained=schema is not None or constraint is not None)
+    room = engine.n_ctx_seq - len(prompt)
+    capped = fit_max_tokens and 1 <= room < max_tokens
+    if capped:
+        max_tokens = room
     if len(prompt) + max_tokens > engine.n_ctx_seq:
         raise ContextOverflow(len(prompt), max_tokens, engine.n_ctx_seq)
     stop_token = engine.eos_id
@@ -284,7 +309,8 @@ def plan_completion(engine: Vocabulary, prompt: Sequence[int], *, sampler: Sampl
                             f"{constraint.kind} grammar").clone()
     return TurnPlan(prompt=list(prompt), stop_ids=frozenset({engine.eos_id, engine.eot_id}),
                     max_tokens=max_tokens, sampler=sampler, processor=grammar,
-                    constraint=grammar, stop_strings=stop_strings, stop_token=stop_token)
+                    constraint=grammar, stop_strings=stop_strings, stop_token=stop_token,
+                    context_capped=capped)
 
 
 def turn_stop_token(engine: Vocabulary, template: ChatTemplate) -> int:

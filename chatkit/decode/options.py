@@ -106,8 +106,8 @@ def stop_tuple(stop: str | Sequence[str]) -> tuple[str, ...]:
 
 def check_stop(stop: str | Sequence[str] | None, *, constrained: bool,
                default: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """A call's stop strings: they end free text only (a constraint ends itself);
-    None takes ``default`` for free text."""
+    """A call's stop strings: they end free text only (a constraint ends itself; beside
+    tools, the text written before any call). None takes ``default`` for free text."""
     if stop and constrained:
         raise InvalidParameter("stop", "stop strings end free text; a constraint ends itself")
     if stop is not None:
@@ -222,8 +222,9 @@ def resolve(options: TurnOptions, defaults: Defaults, *, constrained: bool,
     """Check every option of a call once and resolve it against ``defaults``.
 
     ``constrained``: a schema, constraint or tools govern the reply (stop strings are
-    then refused); ``tool_names``: the checked tools' names; ``local``: the engine samples
-    here (not a remote server). Raises ``InvalidParameter`` naming the option.
+    then refused, except beside tools alone on a local engine: they end the text written
+    before any call); ``tool_names``: the checked tools' names; ``local``: the engine
+    samples here (not a remote server). Raises ``InvalidParameter`` naming the option.
     """
     check_options(dict(options))
     raw_max = options.get("max_tokens")
@@ -244,7 +245,10 @@ def resolve(options: TurnOptions, defaults: Defaults, *, constrained: bool,
                                 has_tools=bool(tool_names), local=local)
     return CallOptions(
         max_tokens=max_tokens,
-        stop=check_stop(options.get("stop"), constrained=constrained, default=defaults.stop),
+        stop=check_stop(options.get("stop"), default=defaults.stop,
+                        constrained=constrained and not (
+                            local and tool_names and not has_schema
+                            and options.get("constraint") is None)),
         sampler=_sampler(options, defaults.sampler), constraint=constraint,
         schema_in_prompt=bool(options.get("schema_in_prompt")), tool_choice=choice,
         parallel_tool_calls=parallel, tool_call_threshold=threshold,

@@ -12,21 +12,35 @@ Stated rules for what the chat path has no equivalent of:
 
 - ``system``: a string or text blocks, joined by a blank line; Claude Code's per-request
   billing nonce (``cch=<hex>;``) is normalised so the prompt prefix stays reusable.
-- A mid-conversation ``system`` message (Claude Code's reminders) is folded into the turn
-  before it (a user message or tool result), never hoisted to the top.
-- Blocks: ``text``; ``tool_use`` (assistant) and ``tool_result`` (user: a string or text
+- A ``system`` message inside ``messages`` (Claude Code's reminders and agent lists) is
+  folded into the user turn or tool result before it; before any turn it joins the
+  system prompt; after an assistant turn it joins the next user turn (after its tool
+  results), or becomes one. Never hoisted to the top from later in the conversation.
+  The ``ctx`` role (context recent Claude Code versions send) is folded the same way;
+  the ``msg`` role is user text. Each is logged once.
+- Blocks: ``text``; ``tool_use`` (assistant) and ``tool_result`` (user: a string or
   blocks; ``is_error`` prefixes ``Error:``); ``thinking`` becomes the assistant's
   reasoning; ``redacted_thinking`` is dropped (nothing here can read it); a
   ``tool_reference`` in a tool result becomes the text ``Tool NAME is available.``;
-  ``image``, ``document`` and every other block are a 400 naming the block.
+  ``image`` and ``document`` blocks (in a user turn or a tool result) become a short
+  text placeholder, logged once per kind, since the model reads text only; where such
+  blocks are the whole of the last user turn, the question cannot be answered: a 400
+  naming the block. Every other block is a 400 naming it.
+- ``tool_use_id``: as Anthropic checks it, each ``tool_result`` answers a ``tool_use`` of
+  the assistant turn just before, and each ``tool_use`` followed by a user turn is
+  answered there (400s naming the ids).
 - Tools: custom tools (``input_schema``; ``strict`` and ``defer_loading`` accepted: every
   tool is always enforced and always offered); server tools (``web_search_...``,
-  ``bash_...``) are a 400 naming them.
+  ``bash_...``: a ``type`` and no ``input_schema``) are accepted and not offered to the
+  model, which cannot run them (logged once per type); a ``tool_choice`` naming one is
+  a 400 naming it.
+- ``stop_sequences`` end the text; beside tools they end the text before any call (a
+  call is never cut).
 - ``thinking``: ``disabled`` turns the template's thinking off; ``enabled`` (its
   ``budget_tokens`` the think budget) and ``adaptive`` leave it on.
 - Fields that change nothing here (``metadata``, ``cache_control``, ``context_management``,
   ``service_tier``, ...) are accepted; an unknown field is logged once and ignored (Claude
-  Code sends new ones often).
+  Code sends new ones often; at most ``MAX_LOGGED`` names are remembered).
 """
 
 from __future__ import annotations
@@ -54,7 +68,10 @@ _IGNORED = frozenset({"metadata", "cache_control", "context_management", "servic
 _TRANSLATED = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences",
                          "temperature", "top_p", "top_k", "stream", "tools", "tool_choice",
                          "thinking", "output_config", "output_format"})
-_warned: set[str] = set()
+MAX_LOGGED = 256
+"""Most distinct names (unknown fields, roles, block and tool kinds) logged once each; past
+it nothing more is remembered or logged (the set never grows from client input beyond)."""
+_logged: set[str] = set()
 _BILLING_NONCE = re.compile(r"\bcch=[0-9a-fA-F]+;")
 _SIGNING_KEY = secrets.token_bytes(32)
 
@@ -73,12 +90,11 @@ def error_body(err: RequestError) -> dict[str, Any]:
             "request_id": new_id("req")}
 
 
-def overflow_message(prompt: int, max_tokens: int, n_ctx: int) -> str:
-    """Anthropic's two context-overflow wordings (Claude Code compacts on the first)."""
-    if prompt >= n_ctx:
-        return f"prompt is too long: {prompt} tokens > {n_ctx} maximum"
-    return (f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} "
-            f"> {n_ctx}")
+def overflow_message(prompt: int, n_ctx: int) -> str:
+    """Anthropic's wording for a prompt that leaves no room for a reply (Claude Code
+    compacts on it); a ``max_tokens`` the prompt leaves too little room for is shrunk,
+    never refused."""
+    return f"prompt is too long: {prompt} tokens > {n_ctx - 1} maximum"
 
 
 # ------------------------------------------------------------------- requests
@@ -88,9 +104,9 @@ def to_chat_body(body: Any) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise bad("the body must be a JSON object")
     for key in body:
-        if key not in _TRANSLATED and key not in _IGNORED and key not in _warned:
-            _warned.add(key)
-            _log.info("/v1/messages: field %r is not supported and is ignored", key)
+        if key not in _TRANSLATED and key not in _IGNORED:
+            log_once(f"field {key!r}", "/v1/messages: field %r is not supported and is ignored",
+                     key)
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise bad("max_tokens: an integer is required", "max_tokens")
@@ -122,12 +138,27 @@ def to_chat_body(body: Any) -> dict[str, Any]:
     fmt = _output_format(body)
     if fmt is not None:
         chat["response_format"] = fmt
+    server_tools: set[str] = set()
     if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"], server_tools = _tools(body["tools"])
+        if not chat["tools"]:
+            del chat["tools"]
     choice = body.get("tool_choice")
     if choice is not None:
-        chat.update(_tool_choice(choice))
+        chat.update(_tool_choice(choice, server_tools))
+        if "tools" not in chat and chat["tool_choice"] == "auto":  # server tools only
+            chat.pop("tool_choice")
+            chat.pop("parallel_tool_calls", None)
     return chat
+
+
+def log_once(key: str, message: str, *args: Any) -> None:
+    """Log ``message`` at INFO the first time ``key`` is seen (at most ``MAX_LOGGED``
+    keys are remembered; past that nothing more is logged)."""
+    if key in _logged or len(_logged) >= MAX_LOGGED:
+        return
+    _logged.add(key)
+    _log.info(message, *args)
 
 
 def _system_text(value: Any, where: str) -> str:
@@ -151,28 +182,70 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad("messages must be a non-empty array", "messages")
+    pending: list[str] = []  # system text after an assistant turn, for the next user turn
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
             raise bad(f"{where} must be an object", "messages")
         role = m.get("role")
-        if role == "system":
-            _fold_system(out, _system_text(m.get("content"), f"{where}.content"), where)
-        elif role == "user":
-            _user(out, m.get("content"), where)
+        if role in ("ctx", "msg"):
+            log_once(f"role {role}", "/v1/messages: role %r is read as %s", role,
+                     "user text" if role == "msg" else "a system message in place")
+        if role in ("system", "ctx"):
+            _fold_system(out, pending, _system_text(m.get("content"), f"{where}.content"))
+        elif role in ("user", "msg"):
+            _user(out, m.get("content"), where, pending, last=i == len(raw) - 1)
+            pending = []
         elif role == "assistant":
             _assistant(out, m.get("content"), where)
         else:
             raise bad(f"{where}.role must be user, assistant or system", "messages")
+    if pending:
+        out.append({"role": "user", "content": "\n\n".join(pending)})
+    _check_tool_ids(raw)
     return out
 
 
-def _fold_system(out: list[dict[str, Any]], text: str, where: str) -> None:
-    """A mid-conversation system message joins the turn before it (never hoisted)."""
-    if not out or out[-1]["role"] not in ("user", "tool"):
-        raise bad(f"{where}: a system message in messages must follow a user turn (the first "
-                  "system prompt goes in the top-level system field)", "messages")
-    out[-1]["content"] += "\n\n" + text
+def _fold_system(out: list[dict[str, Any]], pending: list[str], text: str) -> None:
+    """A system message inside ``messages`` joins the turn before it (a user turn or tool
+    result), the system prompt before any turn, else (after an assistant turn) the next
+    user turn: never hoisted to the top from later on."""
+    if out and out[-1]["role"] in ("user", "tool"):
+        out[-1]["content"] += "\n\n" + text
+    elif not out or out[-1]["role"] == "system":
+        if out:
+            out[-1]["content"] += "\n\n" + text
+        else:
+            out.append({"role": "system", "content": text})
+    else:
+        pending.append(text)
+
+
+def _check_tool_ids(raw: list[Any]) -> None:
+    """Anthropic's two checks: each ``tool_result`` answers a ``tool_use`` of the assistant
+    turn just before it, and each ``tool_use`` that a user turn follows is answered there."""
+    previous: list[str] | None = None  # ids the assistant turn just before called
+    for i, m in enumerate(raw):
+        role, content = m.get("role"), m.get("content")
+        blocks = content if isinstance(content, list) else []
+        if role == "assistant":
+            previous = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+            continue
+        if role not in ("user", "msg"):
+            continue
+        answered = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        stray = [a for a in answered if a not in (previous or [])]
+        if stray:
+            raise bad(f"messages[{i}]: unexpected `tool_use_id` found in `tool_result` blocks: "
+                      f"{', '.join(map(str, stray))}. Each `tool_result` block must have a "
+                      "corresponding `tool_use` block in the previous message.", "messages")
+        missing = [c for c in previous or [] if c not in answered]
+        if missing:
+            raise bad(f"messages[{i}]: `tool_use` ids were found without `tool_result` blocks "
+                      f"immediately after: {', '.join(missing)}. Each `tool_use` block must "
+                      "have a corresponding `tool_result` block in the next message.",
+                      "messages")
+        previous = None
 
 
 def _blocks(content: Any, where: str) -> list[Mapping[str, Any]]:
@@ -184,19 +257,36 @@ def _blocks(content: Any, where: str) -> list[Mapping[str, Any]]:
     return content
 
 
+PLACEHOLDER = "[{kind} omitted: this model reads text only]"
+"""The text an ``image`` or ``document`` block becomes."""
+
+
 def _refuse(block: Mapping[str, Any], where: str) -> RequestError:
     kind = block.get("type")
-    if kind in ("image", "document"):
-        return bad(f"{where}: {kind} blocks are not supported: this server runs a text model",
-                   "messages", "unsupported_content")
     return bad(f"{where}: {kind or 'malformed'!r} blocks are not supported (text, tool_use, "
-               "tool_result, thinking and redacted_thinking are)", "messages",
+               "tool_result, thinking, redacted_thinking, image and document are)", "messages",
                "unsupported_content")
 
 
-def _user(out: list[dict[str, Any]], content: Any, where: str) -> None:
+def _placeholder(block: Mapping[str, Any]) -> str | None:
+    """The text an image or document block stands for (None: another kind of block)."""
+    kind = block.get("type")
+    if kind not in ("image", "document"):
+        return None
+    log_once(f"block {kind}", "/v1/messages: %s blocks become a text placeholder (this "
+             "server runs a text model)", kind)
+    return PLACEHOLDER.format(kind=kind.capitalize())
+
+
+def _user(out: list[dict[str, Any]], content: Any, where: str, pending: list[str], *,
+          last: bool) -> None:
     texts: list[str] = []
-    for j, block in enumerate(_blocks(content, where)):
+    blocks = _blocks(content, where)
+    if last and blocks and all(b.get("type") in ("image", "document") for b in blocks):
+        kind = blocks[0].get("type")
+        raise bad(f"{where}: the question is only {kind} blocks, which this server cannot "
+                  "read: it runs a text model", "messages", "unsupported_content")
+    for j, block in enumerate(blocks):
         kind, at = block.get("type"), f"{where}.content[{j}]"
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
@@ -205,8 +295,11 @@ def _user(out: list[dict[str, Any]], content: Any, where: str) -> None:
                 out.append({"role": "user", "content": "\n\n".join(texts)})
                 texts = []
             out.append(_tool_result(block, at))
+        elif (stand_in := _placeholder(block)) is not None:
+            texts.append(stand_in)
         else:
             raise _refuse(block, at)
+    texts.extend(pending)
     if texts:
         text = "\n\n".join(texts)
         if out and out[-1]["role"] == "user":  # consecutive user turns merge
@@ -230,6 +323,8 @@ def _tool_result(block: Mapping[str, Any], where: str) -> dict[str, Any]:
                 parts.append(part["text"])
             elif kind == "tool_reference" and isinstance(part.get("tool_name"), str):
                 parts.append(f"Tool {part['tool_name']} is available.")
+            elif (stand_in := _placeholder(part)) is not None:
+                parts.append(stand_in)
             else:
                 raise _refuse(part, f"{where}.content[{k}]")
         text = "\n\n".join(parts)
@@ -284,25 +379,29 @@ def _output_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
-def _tools(raw: Any) -> list[dict[str, Any]]:
+def _tools(raw: Any) -> tuple[list[dict[str, Any]], set[str]]:
+    """The custom tools as chat tools, and the names of the server tools left out."""
     if not isinstance(raw, list):
         raise bad("tools must be an array", "tools")
-    tools = []
+    tools, server = [], set()
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping):
             raise bad(f"tools[{i}] must be an object", "tools")
         kind = item.get("type", "custom")
         if kind not in ("custom", None) or "input_schema" not in item:
-            raise bad(f"tools[{i}]: {item.get('name') or kind!r} is a server tool, which this "
-                      "server does not run (custom tools with input_schema are supported)",
-                      "tools", "unsupported_tool")
+            if not isinstance(kind, str) or kind in ("custom", None):
+                raise bad(f"tools[{i}]: a custom tool needs input_schema", "tools")
+            log_once(f"tool {kind}", "/v1/messages: server tool %r is not offered to the "
+                     "model (this server does not run it)", kind)
+            server.add(str(item.get("name") or kind))
+            continue
         tools.append({"type": "function", "function": {
             "name": item.get("name"), "description": item.get("description", ""),
             "parameters": item["input_schema"]}})
-    return tools
+    return tools, server
 
 
-def _tool_choice(choice: Any) -> dict[str, Any]:
+def _tool_choice(choice: Any, server_tools: set[str]) -> dict[str, Any]:
     kind = choice.get("type") if isinstance(choice, Mapping) else None
     out: dict[str, Any] = {}
     if kind == "auto":
@@ -312,6 +411,9 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
     elif kind == "none":
         out["tool_choice"] = "none"
     elif kind == "tool" and isinstance(choice.get("name"), str):
+        if choice["name"] in server_tools:
+            raise bad(f"tool_choice: {choice['name']!r} is a server tool, which this server "
+                      "does not run", "tool_choice", "unsupported_tool")
         out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
         raise bad("tool_choice must be {type: auto | any | none} or {type: tool, name}",
@@ -335,10 +437,23 @@ def usage_of(chat_usage: Mapping[str, Any]) -> dict[str, Any]:
             "output_tokens": chat_usage["completion_tokens"]}
 
 
-def content_blocks(reply: Reply[Any] | None, text: str) -> list[dict[str, Any]]:
+def content_blocks(reply: Reply[Any] | None, text: str,
+                   cut: tuple[str, str, list[dict[str, Any]]] | None = None
+                   ) -> list[dict[str, Any]]:
     """The reply's content: thinking, then text, then tool uses (``reply`` None: cut at
-    max_tokens, ``text`` as written so far)."""
+    max_tokens, ``text`` as written so far, or ``cut``: its reasoning, content and whole
+    calls read through its markup)."""
     blocks: list[dict[str, Any]] = []
+    if reply is None and cut is not None:
+        reasoning, content, calls = cut
+        if reasoning:
+            blocks.append({"type": "thinking", "thinking": reasoning,
+                           "signature": signature(reasoning)})
+        if content:
+            blocks.append({"type": "text", "text": content})
+        blocks.extend({"type": "tool_use", "id": c["id"], "name": c["name"],
+                       "input": json.loads(c["arguments"])} for c in calls)
+        return blocks
     if reply is not None and reply.reasoning:
         blocks.append({"type": "thinking", "thinking": reply.reasoning,
                        "signature": signature(reply.reasoning)})
@@ -351,20 +466,25 @@ def content_blocks(reply: Reply[Any] | None, text: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def stop_reason(reply: Reply[Any] | None) -> tuple[str, str | None]:
-    """``stop_reason`` and ``stop_sequence`` of a finished lane."""
-    if reply is None:
-        return "max_tokens", None
-    if reply.stop_sequence is not None:
+def stop_reason(reply: Reply[Any] | None, capped: bool = False) -> tuple[str, str | None]:
+    """``stop_reason`` and ``stop_sequence`` of a finished lane; ``capped``: its
+    ``max_tokens`` was shrunk to the room the prompt left, so a cut there is
+    ``model_context_window_exceeded``."""
+    if reply is not None and reply.stop_sequence is not None:
         return "stop_sequence", reply.stop_sequence
-    return STOP_REASONS.get(reply.finish_reason, "end_turn"), None
+    reason = "max_tokens" if reply is None else STOP_REASONS.get(reply.finish_reason,
+                                                                 "end_turn")
+    if reason == "max_tokens" and capped:
+        return "model_context_window_exceeded", None
+    return reason, None
 
 
 def message_body(mid: str, model: str, reply: Reply[Any] | None, text: str,
-                 usage: dict[str, Any]) -> dict[str, Any]:
-    reason, sequence = stop_reason(reply)
+                 usage: dict[str, Any], capped: bool = False,
+                 cut: tuple[str, str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    reason, sequence = stop_reason(reply, capped)
     return {"id": mid, "type": "message", "role": "assistant", "model": model,
-            "content": content_blocks(reply, text), "stop_reason": reason,
+            "content": content_blocks(reply, text, cut), "stop_reason": reason,
             "stop_sequence": sequence, "usage": usage}
 
 
@@ -444,9 +564,10 @@ class MessageStream:
                     yield self.event("content_block_delta", index=self.index, delta={
                         "type": "input_json_delta", "partial_json": fragment})
 
-    def finish(self, reply: Reply[Any] | None, usage: dict[str, Any]) -> Iterator[str]:
+    def finish(self, reply: Reply[Any] | None, usage: dict[str, Any], capped: bool = False
+               ) -> Iterator[str]:
         yield from self._close()
-        reason, sequence = stop_reason(reply)
+        reason, sequence = stop_reason(reply, capped)
         yield self.event("message_delta", delta={"stop_reason": reason,
                                                  "stop_sequence": sequence}, usage=usage)
         yield self.event("message_stop")

@@ -25,6 +25,7 @@ from .openai_api import (
     parse_chat,
     translate_error,
 )
+from .stream_deltas import read_cut
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -79,7 +80,6 @@ class AnthropicRoutes:
         self.lanes = lanes
         self.limits = limits
         self.created = created
-        self._aliases: set[str] = set()
 
     def routes(self, api_key: str | None) -> list[Any]:
         """The Starlette routes, behind the key, errors in Anthropic's envelope."""
@@ -99,11 +99,11 @@ class AnthropicRoutes:
 
     def _messages_request(self, raw: Any) -> ChatRequest:
         """A Messages body as a checked chat request; any model name is served (and
-        echoed), logged once per name."""
+        echoed), logged once per name (``anthropic_api.log_once``: bounded)."""
         req = parse_chat(anthropic_api.to_chat_body(raw), self.limits)
-        if req.model is not None and req.model != self.name and req.model not in self._aliases:
-            self._aliases.add(req.model)
-            _log.info("/v1/messages: model %r is served by %r", req.model, self.name)
+        if req.model is not None and req.model != self.name:
+            anthropic_api.log_once(f"model {req.model}", "/v1/messages: model %r is served "
+                                   "by %r", req.model, self.name)
         return req
 
     async def _start_messages(self, req: ChatRequest) -> list[Lane]:
@@ -113,7 +113,7 @@ class AnthropicRoutes:
             overflow = _overflow(exc)
             if overflow is not None:
                 raise RequestError(400, anthropic_api.overflow_message(
-                    overflow.prompt_tokens, overflow.max_tokens, overflow.n_ctx)) from exc
+                    overflow.prompt_tokens, overflow.n_ctx)) from exc
             raise translate_error(exc, schema_param="output_config.format") from exc
 
     async def messages(self, request: Request) -> Response:
@@ -132,7 +132,10 @@ class AnthropicRoutes:
         await self.lanes.collect(request, lanes)
         lane = lanes[0]
         usage = anthropic_api.usage_of(self.lanes.usage(lanes))
-        return JSONResponse(anthropic_api.message_body(mid, model, lane.reply, lane.text, usage))
+        cut = (read_cut(lane.deltas, lane.text)
+               if lane.reply is None and lane.deltas is not None else None)
+        return JSONResponse(anthropic_api.message_body(mid, model, lane.reply, lane.text, usage,
+                                                       _capped(lane), cut))
 
     async def _messages_sse(self, lanes: list[Lane], mid: str, model: str
                             ) -> AsyncIterator[str]:
@@ -141,6 +144,7 @@ class AnthropicRoutes:
         try:
             for event in stream.start(len(lane.ticket.turn.prompt)):
                 yield event
+            yield stream.ping()  # as Anthropic's stream: a ping after message_start
             async for item in with_pings(self.lanes.events(lanes), PING_SECONDS):
                 if item is None:  # a long prefill: the client sees the line is alive
                     yield stream.ping()
@@ -159,7 +163,7 @@ class AnthropicRoutes:
                 for event in stream.parts(lane.deltas.finish(reply)):
                     yield event
             usage = anthropic_api.usage_of(self.lanes.usage(lanes))
-            for event in stream.finish(reply, usage):
+            for event in stream.finish(reply, usage, _capped(lane)):
                 yield event
         except Exception as exc:  # after the 200 went out: an error event
             err = translate_error(exc)
@@ -184,6 +188,11 @@ class AnthropicRoutes:
             raise translate_error(exc, schema_param="output_config.format") from exc
         return JSONResponse({"input_tokens": len(turn.prompt)})
 
+
+
+def _capped(lane: Lane) -> bool:
+    """The lane's ``max_tokens`` was shrunk to the room its prompt left."""
+    return lane.ticket.turn.plan.context_capped
 
 
 def _overflow(exc: BaseException) -> ContextOverflow | None:

@@ -71,3 +71,26 @@ async def read_body(request: Request, limit: int) -> Any:
         raise bad(f"the body is not JSON: {exc}") from exc
     check_body(body)
     return body
+
+
+def wants_anthropic(request: Request) -> bool:
+    """Whether the client speaks Anthropic's API (its path or its headers say so)."""
+    return request.url.path.startswith("/v1/messages") or bool(
+        {"anthropic-version", "x-api-key"} & set(request.headers))
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (404 for an unknown path, 405 for a wrong method) in the
+    client's API's error shape instead of plain text."""
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = (f"no such endpoint: {request.method} {request.url.path}" if status == 404 else
+               f"{request.method} is not allowed on {request.url.path}" if status == 405 else
+               str(getattr(exc, "detail", "")) or "error")
+    err = RequestError(status, message, code="not_found" if status == 404 else None)
+    body = anthropic_api.error_body(err) if wants_anthropic(request) else err.body()
+    return JSONResponse(body, status_code=status,
+                        headers=getattr(exc, "headers", None) or None)
+

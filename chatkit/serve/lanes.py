@@ -113,7 +113,8 @@ class Lanes:
         conv = Conversation(self.model, messages=req.history, no_think=req.no_think,
                             sampling=s.params(lane), template=self.template,
                             think_budget=req.think_budget or THINK_BUDGET,
-                            stop=s.stop, max_tokens=s.max_tokens or self.limits.max_tokens)
+                            stop=s.stop, max_tokens=self._max_tokens(s.max_tokens),
+                            fit_max_tokens=True)
         options: TurnOptions = {"tool_choice": req.tool_choice}
         if self.limits.speculative:
             options["speculative"] = True
@@ -133,21 +134,20 @@ class Lanes:
                 options["tool_call_threshold"] = req.tool_call_threshold
         try:
             turn = conv.plan(req.text, req.schema, **options)
-        except ContextOverflow as exc:
-            room = exc.n_ctx - exc.prompt_tokens
-            source = f" ({self.limits.context_source})" if self.limits.context_source else ""
-            if s.max_tokens is None and room < 1:
-                raise RequestError(400, f"the prompt ({exc.prompt_tokens} tokens) does not fit "
-                                   f"one sequence's context ({exc.n_ctx} tokens{source})",
-                                   param="messages", code="context_length_exceeded") from exc
-            if s.max_tokens is not None:
-                raise RequestError(400, f"the prompt ({exc.prompt_tokens} tokens) plus "
-                                   f"max_tokens ({s.max_tokens}) exceed one sequence's context "
-                                   f"({exc.n_ctx} tokens{source})", param="messages",
-                                   code="context_length_exceeded") from exc
-            conv.max_tokens = room  # the default max_tokens shrinks to what fits
-            turn = conv.plan(req.text, req.schema, **options)
+        except ContextOverflow as exc:  # the prompt alone fills the context
+            raise self._overflow(exc) from exc
         return checked_start(turn, s.logprobs)
+
+    def _max_tokens(self, asked: int | None) -> int:
+        """The turn's ``max_tokens`` before it is fitted to the prompt: what was asked
+        (already within the cap), else the cap, else the whole context."""
+        return asked or self.limits.max_tokens or self.model.n_ctx_seq
+
+    def _overflow(self, exc: ContextOverflow) -> RequestError:
+        source = f" ({self.limits.context_source})" if self.limits.context_source else ""
+        return RequestError(400, f"the prompt ({exc.prompt_tokens} tokens) does not fit one "
+                            f"sequence's context ({exc.n_ctx} tokens{source})",
+                            param="messages", code="context_length_exceeded")
 
     def plan_completion(self, req: CompletionRequest, lane: int) -> Turn:
         model = self.model
@@ -158,11 +158,12 @@ class Lanes:
         if req.grammar is not None:
             kind, text = req.grammar
             constraint = Constraint.regex(text) if kind == "regex" else Constraint.lark(text)
-        max_tokens = s.max_tokens or min(self.limits.max_tokens,
-                                         max(1, model.n_ctx_seq - len(prompt)))
-        plan = plan_completion(model, prompt, sampler=Sampler(s.params(lane)),
-            max_tokens=max_tokens, schema=req.schema, constraint=constraint,
-            stop=s.stop or None)
+        try:
+            plan = plan_completion(model, prompt, sampler=Sampler(s.params(lane)),
+                max_tokens=self._max_tokens(s.max_tokens), schema=req.schema,
+                constraint=constraint, stop=s.stop or None, fit_max_tokens=True)
+        except ContextOverflow as exc:
+            raise self._overflow(exc) from exc
         if self.limits.speculative:
             plan = dataclasses.replace(plan, speculative=True)
         return checked_start(Turn(model, plan, KVState(owner=0), lambda added: None),

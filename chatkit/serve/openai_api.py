@@ -35,8 +35,11 @@ class ServerLimits:
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 1024
     max_tools: int = 128
-    max_tokens: int = 4096
-    """Cap on ``max_tokens`` / ``max_completion_tokens`` (also the default, within n_ctx)."""
+    max_tokens: int | None = None
+    """Cap on ``max_tokens`` / ``max_completion_tokens``, also the default (None: the
+    context). A request asking for more, or for more than its prompt leaves room for, is
+    served with the smaller number (as llama-server and Anthropic's API do), never
+    refused; a reply that reaches it ends with ``finish_reason: length``."""
     max_n: int = 8
     request_timeout: float = 600.0
     """Seconds from admission to the last token; then 504 (or an error event)."""
@@ -297,9 +300,7 @@ def _sampling(body: Mapping[str, Any], limits: ServerLimits, *, chat: bool = Tru
             continue
         if value < 1:
             raise bad(f"{key} must be >= 1, got {value}", key)
-        if value > limits.max_tokens:
-            raise bad(f"{key} {value} exceeds this server's limit {limits.max_tokens}", key)
-        s.max_tokens = value
+        s.max_tokens = value if limits.max_tokens is None else min(value, limits.max_tokens)
         break
     s.n = _get(body, "n", int, 1)
     if not 1 <= s.n <= limits.max_n:
@@ -498,9 +499,21 @@ def now() -> int:
     return int(time.time())
 
 
-def assistant_message(reply: Reply[Any] | None, text: str) -> dict[str, Any]:
-    """The ``message`` of a chat choice (``reply`` None: cut at max_tokens, ``text`` as is)."""
+def assistant_message(reply: Reply[Any] | None, text: str,
+                      cut: tuple[str, str, list[dict[str, Any]]] | None = None
+                      ) -> dict[str, Any]:
+    """The ``message`` of a chat choice (``reply`` None: cut at max_tokens, ``text`` as is,
+    or ``cut``: its reasoning, content and whole calls read through its markup)."""
     out: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if reply is None and cut is not None:
+        reasoning, content, calls = cut
+        out["content"] = content or (None if calls else "")
+        if calls:
+            out["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["name"], "arguments": c["arguments"]}} for c in calls]
+        if reasoning:
+            out["reasoning_content"] = reasoning
+        return out
     if reply is None:
         return out
     if reply.tool_calls:

@@ -25,7 +25,7 @@ from ..chat.scheduler import engine_loop
 from ..engine.protocols import StepEngine
 from ..templates import ChatTemplate
 from .anthropic_routes import AnthropicRoutes
-from .http import guarded, read_body
+from .http import guarded, http_error, read_body, wants_anthropic
 from .lanes import Lane, Lanes
 from .openai_api import (
     ChatRequest,
@@ -49,6 +49,7 @@ from .responses_api import (
     to_chat_body,
     usage_object,
 )
+from .stream_deltas import read_cut
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -90,7 +91,8 @@ class ChatkitServer:
             Route("/v1/chat/completions", guarded(self.chat, key), methods=post),
             Route("/v1/completions", guarded(self.completions, key), methods=post),
             Route("/v1/responses", guarded(self.responses, key), methods=post),
-            *self.anthropic.routes(key)])
+            *self.anthropic.routes(key)],
+            exception_handlers={404: http_error, 405: http_error})
 
     async def health(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
@@ -103,7 +105,7 @@ class ChatkitServer:
     async def models(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
-        if {"anthropic-version", "x-api-key"} & set(request.headers):  # Anthropic's shape
+        if wants_anthropic(request):  # Anthropic's shape
             return JSONResponse(self.anthropic.models_body())
         return JSONResponse({"object": "list", "data": [{
             "id": self.name, "object": "model", "created": self.created, "owned_by": "chatkit",
@@ -130,7 +132,9 @@ class ChatkitServer:
         for i, lane in enumerate(lanes):
             reply = lane.reply
             text = reply.text if reply is not None else lane.text
-            choices.append({"index": i, "message": assistant_message(reply, text),
+            cut = (read_cut(lane.deltas, lane.text)
+                   if reply is None and lane.deltas is not None else None)
+            choices.append({"index": i, "message": assistant_message(reply, text, cut),
                             "finish_reason": finish_reason(reply.finish_reason)
                             if reply is not None else "length",
                             "logprobs": self._chat_logprobs(lane, req.sampling)})

@@ -14,6 +14,7 @@ final message.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 from typing import Any
@@ -31,6 +32,8 @@ from ..tools.parser import (
 )
 
 __all__: list[str] = []
+
+_log = logging.getLogger("chatkit.server")
 
 THINK_CLOSE = "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes, streamed in fragments
@@ -386,3 +389,18 @@ class ReplyDeltas:
                     out.append({"tool_calls": [{"index": k,
                                                 "function": {"arguments": missing}}]})
         return out
+
+
+def read_cut(deltas: ReplyDeltas, text: str) -> tuple[str, str, list[dict[str, Any]]]:
+    """A reply cut at ``max_tokens`` read through its markup (the markup itself never
+    becomes text): its reasoning, its content and the calls written to their end, each
+    ``{"id", "name", "arguments"}`` (a call cut before its arguments were whole is left
+    out, logged). ``deltas`` must not have been fed yet."""
+    deltas.feed(text)
+    whole = [c for c in deltas.calls if c["ended"]]
+    if len(whole) < len(deltas.calls):
+        _log.info("a reply cut at max_tokens inside a tool call: the unfinished call is "
+                  "left out")
+    return deltas.reasoning, deltas.content, [
+        {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in whole]
+
