@@ -347,6 +347,7 @@ def _serve(args: argparse.Namespace) -> int:
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
                        kv_unified=not args.reproducible, cache_seqs=cache_seqs,
+                       swa_full=True,
                        **_placement(args))
     if model.kv_unified:  # one pool, but each request keeps its sequence's share of it
         model.n_ctx_seq = model.n_ctx // args.n_seq_max

@@ -109,3 +109,56 @@ def test_a_turn_without_tools_after_a_generic_tool_exchange(gemma: Model) -> Non
     assert reply.tool_calls
     conv.add_tool_result(reply.tool_calls[0], "sunny, 21 C")
     assert conv.send("Thanks! Anything else?", max_tokens=8).text is not None
+
+
+SYSTEM = "You answer questions about files. " + " ".join(
+    f"Rule {i}: quote item {i} exactly." for i in range(300))
+"""A system prompt of ~3,000 tokens: far past Gemma 3's 512-token sliding window."""
+
+
+@pytest.mark.parametrize("swa_full", [False, True])
+def test_a_window_that_dropped_cells_is_never_resumed_from(swa_full: bool) -> None:
+    """llama.cpp keeps each sequence's positions from its lowest to its highest: a sliding
+    window drops the oldest, after which decoding may resume only where the window's cells
+    before that position are all held (``resumable``); with ``swa_full`` they all are."""
+    from tests.conftest import gemma_path
+
+    model = Model.load(gemma_path(), n_ctx=4096, n_seq_max=1, swa_full=swa_full)
+    try:
+        tokens = model.tokenize(SYSTEM, special=False)[:2000]
+        model.prefill(0, tokens, chunk=512)
+        assert model.resumable(0, len(tokens)) == len(tokens)  # the end: always
+        assert model.resumable(0, 100) == (100 if swa_full else 0)
+        assert model.keeps_prefixes == swa_full
+    finally:
+        model.close()
+
+
+def test_a_sessions_second_turn_is_served_from_its_cached_prefix() -> None:
+    """``chatkit serve`` loads Gemma 3 with ``swa_full``: an agent's second request (its
+    first request, the call and the tool result) starts from the first request's cells."""
+    from tests.conftest import gemma_path
+
+    model = Model.load(gemma_path(), n_ctx=16384, n_seq_max=2, kv_unified=True,
+                       swa_full=True)
+    model.n_ctx_seq = model.n_ctx // 2
+    read = {"name": "Read", "description": "Read a file", "input_schema": {
+        "type": "object", "properties": {"file_path": {"type": "string", "maxLength": 30}},
+        "required": ["file_path"]}}
+    try:
+        with _Running(ChatkitServer(model, name=NAME)) as running, \
+                anthropic.Anthropic(base_url=running.base, api_key="k", max_retries=0) as c:
+            ask: list[dict[str, Any]] = [{"role": "user", "content": "Read notes.txt"}]
+            first = c.messages.create(model="m", max_tokens=100, system=SYSTEM, tools=[read],
+                                      tool_choice={"type": "any"}, messages=ask,
+                                      extra_body={"temperature": 0})
+            (use,) = [b for b in first.content if b.type == "tool_use"]
+            second = c.messages.create(model="m", max_tokens=8, system=SYSTEM, tools=[read],
+                                       extra_body={"temperature": 0}, messages=[
+                *ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                              "content": "The secret word is PELICAN."}]}])
+        prompt = second.usage.input_tokens + second.usage.cache_read_input_tokens
+        assert second.usage.cache_read_input_tokens >= 0.9 * prompt, second.usage
+    finally:
+        model.close()

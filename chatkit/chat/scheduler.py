@@ -534,6 +534,9 @@ def _resolve_shares(engine: StepEngine, live: list[Ticket], stats: LoopStats) ->
 
 def _copy(engine: StepEngine, stats: LoopStats, t: Ticket, source: Ticket, n: int) -> None:
     start = t.turn.reuse  # its own cells hold [0, start): the source's [start, n) join them
+    resumable = getattr(engine, "resumable", None)
+    if resumable is not None and resumable(source.turn.seq_id, n) < n:
+        return  # a sliding window dropped cells position n attends to: prefilled here
     engine.seq_cp(source.turn.seq_id, t.turn.seq_id, start, n)
     t.turn.adopt_prefix(n)
     t.turn.prefilled(n)

@@ -202,6 +202,9 @@ class Turn(TurnView):
         if held is not None:  # not the owner's own tokens: none, or a prefix routed here
             self.kv.tokens = held
         reuse = common_prefix(self.kv.tokens, self.plan.prompt)
+        resumable = getattr(engine, "resumable", None)
+        if reuse and resumable is not None:  # a sliding window may have dropped cells
+            reuse = resumable(self.seq, min(reuse, len(self.plan.prompt) - 1))
         self._dec = self._decoder(engine, self.seq, reuse)
         return self._dec
 

@@ -33,7 +33,8 @@ class SeqLeases:
     def __init__(self, n: int, lock: threading.RLock, seq_rm: Callable[..., None],
                  seq_cp: Callable[[int, int, int, int], None] | None = None, *,
                  max_busy: int | None = None,
-                 seq_len: Callable[[int], int] | None = None) -> None:
+                 seq_len: Callable[[int], int] | None = None,
+                 resumable: Callable[[int, int], int] | None = None) -> None:
         self.n = n
         self.max_busy = n if max_busy is None else max_busy
         """Leases at once (``n_seq_max``); the other ``n - max_busy`` sequences only keep
@@ -46,6 +47,9 @@ class SeqLeases:
         sequences are emptied, least recently used first, while the leases' share and what
         idle sequences hold (``seq_len``) would not fit the pool."""
         self._seq_len = seq_len
+        self._resumable = resumable
+        """``resumable(seq, n)``: how many of a sequence's first ``n`` positions decoding can
+        resume after exactly (0 where a sliding window dropped what they need)."""
         """Positions a sequence holds in the KV cache (its highest + 1), read to check a
         giver's record and to count what idle sequences hold."""
         self.lock = lock
@@ -157,6 +161,8 @@ class SeqLeases:
                 self._holds[s] = held = None
             if held:
                 k = min(common_prefix(held, prompt), len(prompt) - 1)
+                if k > n and self._resumable is not None:
+                    k = self._resumable(s, k)
                 if k > n:
                     best, n = s, k
         return (best, n) if best is not None else (None, 0)

@@ -186,8 +186,12 @@ class Model(LeasesSequences, HoldsVocabulary):
     vocab: Vocab
 
     def __init__(self, path: Path, model: Any, ctx: Any, *, n_batch: int,
-                 n_seq_max: int, cache_seqs: int = 0, kv_unified: bool = True) -> None:
+                 n_seq_max: int, cache_seqs: int = 0, kv_unified: bool = True,
+                 swa_full: bool = False) -> None:
         self.path = path
+        self.swa_full = swa_full
+        """A sliding-window model's window layers keep every cell (llama.cpp's
+        ``swa_full``), so sequences keep their prefixes (:attr:`keeps_prefixes`)."""
         self._model = model
         self._ctx = ctx
         self._hold(Vocab(path, model, owned=False))
@@ -217,7 +221,8 @@ class Model(LeasesSequences, HoldsVocabulary):
         """Seconds a turn waits for a free KV sequence before ``EngineBusy``."""
         self._leases = SeqLeases(self.n_seq_ids, self.lock, self.seq_rm,
                                  self.seq_cp if self.copies_prefixes else None,
-                                 max_busy=n_seq_max, seq_len=lambda s: self.seq_pos_max(s) + 1)
+                                 max_busy=n_seq_max, seq_len=lambda s: self.seq_pos_max(s) + 1,
+                                 resumable=self.resumable)
         self._leases.routes = self.keeps_prefixes  # a window may have dropped older cells
         if cache_seqs:  # each lease keeps to its share; idle prefixes fill the rest
             self.n_ctx_seq = self.n_ctx // n_seq_max
@@ -231,7 +236,7 @@ class Model(LeasesSequences, HoldsVocabulary):
              n_gpu_layers: int | None = None, main_gpu: int = 0, split_mode: str = "layer",
              tensor_split: Sequence[float] | None = None, flash_attn: bool | None = None,
              offload_kqv: bool = True, extra_buffer_types: bool | None = None,
-             cache_seqs: int = 0) -> Model:
+             cache_seqs: int = 0, swa_full: bool = False) -> Model:
         """Load a GGUF (``None``: the embedded default model).
 
         Placement (README, "GPU offload"): ``n_gpu_layers`` None offloads every layer when
@@ -250,7 +255,10 @@ class Model(LeasesSequences, HoldsVocabulary):
         (``seq_cp``), at the cost of last-bit differences. ``cache_seqs`` (one pool only):
         sequence ids past ``n_seq_max`` that keep finished turns' prefixes (``lease_seq``);
         each lease then keeps to ``n_ctx / n_seq_max`` cells and idle sequences are emptied,
-        least recently used first, before the pool could fill. ``n_threads``: every core.
+        least recently used first, before the pool could fill. ``swa_full``: a
+        sliding-window model (Gemma 3) keeps every cell in its window layers, at the KV
+        memory of full attention, so prefixes can be kept and shared (``chatkit serve``
+        sets it with one pool). ``n_threads``: every core.
         ``progress(fraction)`` is called as the weights load (returning False cancels:
         ``ModelLoadError``). Every parameter is checked (``InvalidParameter``) before
         llama.cpp sees it. Raises ``ModelNotFound`` (default model not installed) or
@@ -277,8 +285,10 @@ class Model(LeasesSequences, HoldsVocabulary):
         cparams = _context_params(placement, n_ctx=n_ctx, n_batch=n_batch,
                                   n_seq_max=n_seq_max + cache_seqs, threads=threads,
                                   kv_unified=kv_unified)
+        cparams.swa_full = swa_full
         made = _made(cls, resolved, *_open(resolved, mparams, cparams, hook),
-                     n_seq_max=n_seq_max, cache_seqs=cache_seqs, kv_unified=kv_unified)
+                     n_seq_max=n_seq_max, cache_seqs=cache_seqs, kv_unified=kv_unified,
+                     swa_full=swa_full)
         made.n_threads, made.placement = threads, placement
         _log.info("loaded %s: n_vocab=%d n_ctx=%d n_seq_max=%d n_batch=%d threads=%d; %s",
                   resolved.name, made.n_vocab, made.n_ctx, n_seq_max, made.n_batch, threads,
@@ -396,13 +406,25 @@ class Model(LeasesSequences, HoldsVocabulary):
 
     @property
     def keeps_prefixes(self) -> bool:
-        """Whether a sequence's prefix stays whole as it grows: full attention (a sliding
-        window may drop a sequence's older cells) and no recurrent state (which cannot be
-        cut back to a prefix)."""
+        """Whether a sequence's prefix stays whole as it grows: full attention, or a sliding
+        window loaded with ``swa_full`` (else the window drops a sequence's older cells), and
+        no recurrent state (which cannot be cut back to a prefix)."""
         model = self._model
-        return not (llama_cpp.llama_model_n_swa(model) > 0
+        return not ((llama_cpp.llama_model_n_swa(model) > 0 and not self.swa_full)
                     or llama_cpp.llama_model_is_recurrent(model)
                     or llama_cpp.llama_model_is_hybrid(model))
+
+    def resumable(self, seq_id: int, n: int) -> int:
+        """How many of the first ``n`` positions ``seq_id`` holds can be kept and decoding
+        resumed after them exactly: ``n``, or 0 where a sliding window has dropped cells
+        the next position attends to. llama.cpp keeps every position from a sequence's
+        lowest to its highest, so the lowest one held says it: resuming at ``n`` needs the
+        window's ``n_swa`` positions before ``n``."""
+        window = int(llama_cpp.llama_model_n_swa(self._model))
+        if n <= 0 or window <= 0:
+            return max(0, n)
+        lowest = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id))
+        return n if 0 <= lowest <= max(0, n - window) else 0
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
@@ -468,14 +490,15 @@ def _logit_rows(ctx: Any, first: int, rows: int, n_vocab: int) -> NDArray[np.flo
 
 def _made(cls: type[Model], path: Path, model: Any, ctx: Any,
           prebuild: TokenizerPrebuild | None, *, n_seq_max: int, cache_seqs: int = 0,
-          kv_unified: bool = True) -> Model:
+          kv_unified: bool = True, swa_full: bool = False) -> Model:
     """The Model over llama.cpp's model and context (freed here if that fails), with the
     tokenizer built alongside when there is one."""
     try:
         # llama.cpp caps a decode at min(n_ctx, n_batch) tokens (and aborts the process
         # past it): take the context's own figure, so decode() refuses by name first.
         made = cls(path, model, ctx, n_batch=int(llama_cpp.llama_n_batch(ctx)),
-                   n_seq_max=n_seq_max, cache_seqs=cache_seqs, kv_unified=kv_unified)
+                   n_seq_max=n_seq_max, cache_seqs=cache_seqs, kv_unified=kv_unified,
+                   swa_full=swa_full)
     except BaseException:
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
