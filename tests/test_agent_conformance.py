@@ -210,3 +210,33 @@ def test_logged_names_from_client_input_are_bounded(client: Any) -> None:
     assert before <= len(anthropic_api._logged) <= anthropic_api.MAX_LOGGED
     assert json.dumps(anthropic_api.to_chat_body({
         "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "new_field": 2}))
+
+
+# ---------------------------------------------------------------- Codex CLI's Responses body
+def test_codex_cli_request_shapes_translate() -> None:
+    """What Codex CLI sends on every request: ``client_metadata``, ``include`` of encrypted
+    reasoning, hosted and namespaced tools beside its function tools, and an output that
+    no call asked for (its goal notes)."""
+    from chatkit.serve.responses_api import to_chat_body
+
+    shell = {"type": "function", "name": "exec_command", "parameters": {
+        "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+    chat = to_chat_body({
+        "model": "gemma", "stream": True, "store": False, "parallel_tool_calls": True,
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "s",
+        "client_metadata": {"turn_id": "t"}, "reasoning": {"summary": "auto"},
+        "tools": [shell, {"type": "web_search"}, {"type": "namespace", "name": "agents",
+                                                  "tools": []}],
+        "tool_choice": "auto",
+        "input": [{"type": "message", "role": "user", "content": [
+                      {"type": "input_text", "text": "run ls"}]},
+                  {"type": "function_call", "name": "exec_command", "call_id": "c1",
+                   "arguments": '{"cmd": "ls"}'},
+                  {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+                  {"type": "function_call_output", "name": "goal_objective",
+                   "namespace": "agent", "output": "list files"}]})
+    assert [t["function"]["name"] for t in chat["tools"]] == ["exec_command"]
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "tool", "user"]
+    assert chat["messages"][-1]["content"] == "goal_objective: list files"
+    with pytest.raises(Exception, match="include"):
+        to_chat_body({"input": "x", "include": ["message.output_text.logprobs"]})

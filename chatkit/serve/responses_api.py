@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..messages import Reply
+from .anthropic_api import log_once
 from .openai_api import RequestError, bad, new_id
 
 __all__: list[str] = []
@@ -27,7 +28,10 @@ _ACCEPTED = frozenset({"model", "input", "instructions", "text", "tools", "tool_
                        "stream", "store", "metadata", "user", "reasoning", "truncation",
                        "service_tier", "prompt_cache_key", "safety_identifier", "seed",
                        "stream_options", "include", "top_logprobs", "max_tool_calls",
-                       "background", "tool_call_threshold"})
+                       "background", "tool_call_threshold", "client_metadata"})
+_INCLUDES = frozenset({"reasoning.encrypted_content"})
+"""``include`` values accepted: reasoning items are returned as text (nothing is encrypted,
+so there is nothing more to include; Codex CLI asks for it on every request)."""
 _REFUSED = {
     "previous_response_id": "this server keeps no responses: send the whole conversation "
                             "as input",
@@ -52,9 +56,10 @@ def to_chat_body(body: Any) -> dict[str, Any]:
     if body.get("background"):
         raise bad("background responses are not supported", "background",
                   "unsupported_parameter")
-    if body.get("include"):
-        raise bad("include is not supported (no reasoning encryption, no logprobs)",
-                  "include", "unsupported_parameter")
+    include = body.get("include") or []
+    if not isinstance(include, list) or not set(include) <= _INCLUDES:
+        raise bad("include may only hold reasoning.encrypted_content (reasoning is returned "
+                  "as text; no logprobs)", "include", "unsupported_parameter")
     if body.get("top_logprobs"):
         raise bad("logprobs are not returned", "top_logprobs", "unsupported_parameter")
     if body.get("max_tool_calls") is not None:
@@ -79,14 +84,18 @@ def to_chat_body(body: Any) -> dict[str, Any]:
         chat["response_format"] = fmt
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
+        if not chat["tools"]:
+            del chat["tools"]
     choice = body.get("tool_choice")
     if isinstance(choice, Mapping):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
             raise bad("tool_choice must be auto, none, required or {type: function, name}",
                       "tool_choice")
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    elif choice is not None:
+    elif choice is not None and not (choice == "auto" and "tools" not in chat):
         chat["tool_choice"] = choice
+    if "tools" not in chat:
+        chat.pop("parallel_tool_calls", None)
     return chat
 
 
@@ -152,11 +161,17 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                 messages.append(message)
         elif kind == "function_call_output":
             call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str):
-                raise bad(f"{where}: a function_call_output needs a call_id", "input")
             if not isinstance(output, str):
                 output = _text(output, where) if isinstance(output, list) else \
                     json.dumps(output)
+            if call_id is None and isinstance(item.get("name"), str):
+                # output no call asked for (Codex CLI's goal notes): the user's text
+                log_once("uncalled output", "/v1/responses: a function_call_output without "
+                         "call_id is read as user text")
+                messages.append({"role": "user", "content": f"{item['name']}: {output}"})
+                continue
+            if not isinstance(call_id, str):
+                raise bad(f"{where}: a function_call_output needs a call_id", "input")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             reasoning = _reasoning(item, where)
@@ -213,12 +228,23 @@ def _text_format(text: Any) -> dict[str, Any] | None:
               "text.format")
 
 
+_HOSTED = frozenset({"web_search", "web_search_preview", "file_search", "code_interpreter",
+                     "image_generation", "computer_use_preview", "mcp", "local_shell",
+                     "namespace", "custom", "tool_search"})
+"""Tool kinds run by OpenAI's servers or needing a format of their own: accepted and not
+offered to the model (logged once per kind), as a text model without them would."""
+
+
 def _tools(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
         raise bad("tools must be an array", "tools")
     tools = []
     for i, item in enumerate(raw):
         kind = item.get("type") if isinstance(item, Mapping) else None
+        if kind in _HOSTED:
+            log_once(f"tool {kind}", "/v1/responses: %r tools are not offered to the model "
+                     "(this server does not run them)", kind)
+            continue
         if kind != "function":
             raise bad(f"tools[{i}]: {kind or 'malformed'!r} tools are not supported (function "
                       "tools are)", "tools", "unsupported_tool")
