@@ -109,7 +109,9 @@ def test_streamed_function_call(client: Any) -> None:
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": "x", "tools": [{"type": "frobnicator"}]}, "tools"),
+    ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+     "tool_choice"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x",

@@ -77,8 +77,7 @@ class Conversation:
         check_max_tokens(max_tokens)
         check_positive("think_budget", think_budget)
         system, history = _intake(system, messages)
-        self.model = model
-        self.system = system
+        self.model, self.system = model, system
         self.no_think = no_think
         self.sampling = sampling or SamplingParams()
         self.stop = stop_tuple(stop)
@@ -90,13 +89,10 @@ class Conversation:
         self.context_policy = context_policy
         """None: a turn that cannot fit is ``ContextOverflow``. ``"drop_oldest"``: the oldest
         exchanges (a user message and all that answers it, tool calls and results included)
-        are left out of the prompt until it fits; the system prompt always stays, and
-        ``messages`` keeps everything."""
+        leave the prompt until it fits; the system prompt stays, ``messages`` keeps all."""
         self.fit_max_tokens = fit_max_tokens
-        """True: a ``max_tokens`` larger than the room the prompt leaves shrinks to that
-        room (the plan's ``context_capped`` says so; a reply that fills it ends as one cut
-        at ``max_tokens``), as llama-server and Anthropic's API do; a prompt that leaves no
-        room at all is still ``ContextOverflow``. False: ``ContextOverflow``."""
+        """True: a ``max_tokens`` beyond the room the prompt leaves shrinks to it (as
+        llama-server and Anthropic's API do); False, or no room at all: ``ContextOverflow``."""
         self.template = (ChatTemplate.bundled(template) if isinstance(template, str)
                          else template or ChatTemplate.for_model(model))
         self.messages: list[Message] = history
@@ -155,8 +151,7 @@ class Conversation:
                                history=self._head() + self.messages[start:],
                                sampler=self.sampler, no_think=self.no_think,
                                think_budget=self.think_budget, max_tokens=self.max_tokens,
-                               stop=self.stop, local=local,
-                               fit_max_tokens=self.fit_max_tokens)
+                               stop=self.stop, local=local, fit_max_tokens=self.fit_max_tokens)
 
         plan = _plan_fitting(context, self.messages, self.context_policy, text, schema, options)
         return Turn(self.model, plan, self.kv, self.messages.extend, local=local)

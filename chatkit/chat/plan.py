@@ -27,6 +27,7 @@ from ..decode.options import (
     TurnOptions,
     check_max_tokens,
     check_stop,
+    check_stop_in_json,
     resolve,
 )
 from ..decode.sampling import LogitProcessor, Logits, Sampler
@@ -159,6 +160,15 @@ class TurnPlan:
     """The Pydantic class of ``schema=``, if it was one."""
 
 
+def _history_dialect(engine: Engine, template: ChatTemplate, dialect: Dialect | None,
+                     messages: Sequence[Message]) -> Dialect | None:
+    """The tool format earlier calls in the history render in: the turn's own, else the
+    template's (a turn without tools still renders the calls made before it)."""
+    if dialect is None and any(m.tool_calls or m.role == "tool" for m in messages):
+        return dialect_of_history(engine, template)
+    return dialect
+
+
 def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
               options: TurnOptions) -> TurnPlan:
     """Validate, choose the template, build the grammar, render and tokenize.
@@ -196,16 +206,12 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     thinking = (schema is not None or constraint is not None) and not tools \
         and not ctx.no_think and template.supports_thinking
     messages = (*ctx.history, *([user] if user else []))
-    history_dialect = dialect
-    if dialect is None and any(m.tool_calls or m.role == "tool" for m in messages):
-        history_dialect = dialect_of_history(engine, template)  # earlier calls in its form
     prompt, prompt_text = _render(ctx, template, list(messages), tools, thinking=thinking,
-                                  dialect=history_dialect)
+                                  dialect=_history_dialect(engine, template, dialect, messages))
     opts, capped = _fit(opts, len(prompt), engine.n_ctx_seq, ctx.fit_max_tokens)
     dialect, think_budget, think_opened = _tool_thinking(ctx, dialect, prompt_text, opts)
-    if opts.stop and dialect is not None and dialect.text_json:
-        raise InvalidParameter("stop", f"the {dialect.name!r} tool format writes its text "
-                               "inside JSON, which a stop string cannot end")
+    if dialect is not None and dialect.text_json:
+        check_stop_in_json(opts.stop, dialect.name)
     grammar, auto = _grammar(ctx, template, tools, loaded, schema, opts, stop_token=stop_token,
                              thinking=thinking, dialect=dialect,
                              think=(think_budget, think_opened))

@@ -108,6 +108,11 @@ class TurnView:
         return self.plan.tools
 
     @property
+    def context_capped(self) -> bool:
+        """``max_tokens`` was shrunk to the room the prompt left (``fit_max_tokens``)."""
+        return self.plan.context_capped
+
+    @property
     def dialect(self) -> Dialect | None:
         """With tools: the dialect their calls are written in."""
         return self.plan.dialect

@@ -115,6 +115,14 @@ def check_stop(stop: str | Sequence[str] | None, *, constrained: bool,
     return () if constrained else default
 
 
+def check_stop_in_json(stop: tuple[str, ...], dialect_name: str) -> None:
+    """Stop strings beside a tool format that writes its text inside JSON (the generic
+    ``text_json`` format): refused, as a stop string cannot end text inside a string."""
+    if stop:
+        raise InvalidParameter("stop", f"the {dialect_name!r} tool format writes its text "
+                               "inside JSON, which a stop string cannot end")
+
+
 def check_tool_choice(choice: Any, names: Sequence[str]) -> str:
     """``tool_choice``: ``auto``, ``required``, ``none`` or the name of one of ``names``."""
     if not names and choice == "required":

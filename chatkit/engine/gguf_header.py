@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ModelLoadError
 
-__all__ = ["kv_bytes_per_token", "read_keys", "train_context"]
+__all__: list[str] = []
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}

@@ -86,6 +86,14 @@ def _check_sizes(**sizes: tuple[int | None, int, int]) -> None:
             raise InvalidParameter(name, f"must be in [{low}, {high}], got {value}")
 
 
+def _check_load(n_ctx: int, n_seq_max: int, n_batch: int, n_threads: int | None,
+                cache_seqs: int, kv_unified: bool) -> None:
+    _check_sizes(n_ctx=(n_ctx, MIN_N_CTX, MAX_N_CTX), n_seq_max=(n_seq_max, 1, 256),
+                 n_batch=(n_batch, 1, 65536),
+                 n_threads=(n_threads if n_threads is not None else 1, 1, 512))
+    _check_cache_seqs(cache_seqs, n_seq_max, kv_unified)
+
+
 def _check_cache_seqs(cache_seqs: int, n_seq_max: int, kv_unified: bool) -> None:
     """``InvalidParameter`` unless ``cache_seqs`` fits beside ``n_seq_max`` in llama.cpp's
     256 sequence ids, and only with one KV pool."""
@@ -113,7 +121,7 @@ def _model_params(info: BuildInfo, placement: Placement, tensor_split: Sequence[
 
 
 def _context_params(placement: Placement, *, n_ctx: int, n_batch: int, n_seq_max: int,
-                    threads: int, kv_unified: bool) -> Any:
+                    threads: int, kv_unified: bool, swa_full: bool) -> Any:
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = n_ctx
     cparams.n_batch = n_batch
@@ -129,6 +137,7 @@ def _context_params(placement: Placement, *, n_ctx: int, n_batch: int, n_seq_max
                                }[placement.flash_attn]
     if hasattr(cparams, "kv_unified"):
         cparams.kv_unified = kv_unified
+    cparams.swa_full = swa_full
     return cparams
 
 
@@ -175,7 +184,72 @@ def _open(path: Path, mparams: Any, cparams: Any,
     return model, ctx, None
 
 
-class Model(LeasesSequences, HoldsVocabulary):
+class KVCells:
+    """A llama.cpp context's KV cells by sequence: removed, copied, asked what they hold
+    (the part of :class:`Model` that edits its memory)."""
+
+    _model: Any
+    _mem: Any
+    _leases: SeqLeases
+    kv_unified: bool
+    swa_full: bool
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of a sequence (p1=-1: to the end)."""
+        self._leases.touched((seq_id,))
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
+            raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+
+    @property
+    def copies_prefixes(self) -> bool:
+        """Whether a prompt prefix can be copied between sequences and read back exactly:
+        one KV pool and :attr:`keeps_prefixes`."""
+        return self.kv_unified and self.keeps_prefixes
+
+    @property
+    def keeps_prefixes(self) -> bool:
+        """Whether a sequence's prefix stays whole as it grows: full attention, or a sliding
+        window loaded with ``swa_full`` (else the window drops a sequence's older cells), and
+        no recurrent state (which cannot be cut back to a prefix)."""
+        model = self._model
+        return not ((llama_cpp.llama_model_n_swa(model) > 0 and not self.swa_full)
+                    or llama_cpp.llama_model_is_recurrent(model)
+                    or llama_cpp.llama_model_is_hybrid(model))
+
+    def resumable(self, seq_id: int, n: int) -> int:
+        """How many of the first ``n`` positions ``seq_id`` holds can be kept and decoding
+        resumed after them exactly: ``n``, or 0 where a sliding window has dropped cells
+        the next position attends to. llama.cpp keeps every position from a sequence's
+        lowest to its highest, so the lowest one held says it: resuming at ``n`` needs the
+        window's ``n_swa`` positions before ``n``."""
+        window = int(llama_cpp.llama_model_n_swa(self._model))
+        if n <= 0 or window <= 0:
+            return max(0, n)
+        lowest = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id))
+        return n if 0 <= lowest <= max(0, n - window) else 0
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
+
+        Only with a unified KV cache: llama.cpp aborts the process on a partial copy
+        between per-sequence streams, so that is ``InvalidParameter`` here."""
+        if not self.kv_unified:
+            raise InvalidParameter("seq_cp", "needs a unified KV cache (kv_unified=True)")
+        self._leases.touched((dst,))
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position held for the sequence, -1 when empty."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def clear(self) -> None:
+        """Drop every sequence from the KV cache (and forget their owners)."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._leases.forget_owners()
+
+
+
+class Model(KVCells, LeasesSequences, HoldsVocabulary):
     """A loaded GGUF with one llama.cpp context and ``n_seq_max`` KV sequences.
 
     Create with :meth:`Model.load`. Its vocabulary (``vocab``) gives the vocabulary size
@@ -255,10 +329,9 @@ class Model(LeasesSequences, HoldsVocabulary):
         (``seq_cp``), at the cost of last-bit differences. ``cache_seqs`` (one pool only):
         sequence ids past ``n_seq_max`` that keep finished turns' prefixes (``lease_seq``);
         each lease then keeps to ``n_ctx / n_seq_max`` cells and idle sequences are emptied,
-        least recently used first, before the pool could fill. ``swa_full``: a
-        sliding-window model (Gemma 3) keeps every cell in its window layers, at the KV
-        memory of full attention, so prefixes can be kept and shared (``chatkit serve``
-        sets it with one pool). ``n_threads``: every core.
+        least recently used first, before the pool could fill. ``swa_full``: a sliding-window
+        model (Gemma 3) keeps every cell in its window layers (full attention's KV memory),
+        so prefixes can be kept and shared (``chatkit serve`` sets it). ``n_threads``: all.
         ``progress(fraction)`` is called as the weights load (returning False cancels:
         ``ModelLoadError``). Every parameter is checked (``InvalidParameter``) before
         llama.cpp sees it. Raises ``ModelNotFound`` (default model not installed) or
@@ -269,10 +342,7 @@ class Model(LeasesSequences, HoldsVocabulary):
         llama.cpp's log lines of that window dropped; not with ``progress``, on a single
         core, or when ``chatkit.llama_cpp`` logs at DEBUG.
         """
-        _check_sizes(n_ctx=(n_ctx, MIN_N_CTX, MAX_N_CTX), n_seq_max=(n_seq_max, 1, 256),
-                     n_batch=(n_batch, 1, 65536),
-                     n_threads=(n_threads if n_threads is not None else 1, 1, 512))
-        _check_cache_seqs(cache_seqs, n_seq_max, kv_unified)
+        _check_load(n_ctx, n_seq_max, n_batch, n_threads, cache_seqs, kv_unified)
         resolved = checked_gguf(path)
         info = build_info()
         placement = plan_placement(
@@ -284,8 +354,7 @@ class Model(LeasesSequences, HoldsVocabulary):
         mparams, pointed = _model_params(info, placement, tensor_split, hook)
         cparams = _context_params(placement, n_ctx=n_ctx, n_batch=n_batch,
                                   n_seq_max=n_seq_max + cache_seqs, threads=threads,
-                                  kv_unified=kv_unified)
-        cparams.swa_full = swa_full
+                                  kv_unified=kv_unified, swa_full=swa_full)
         made = _made(cls, resolved, *_open(resolved, mparams, cparams, hook),
                      n_seq_max=n_seq_max, cache_seqs=cache_seqs, kv_unified=kv_unified,
                      swa_full=swa_full)
@@ -392,58 +461,6 @@ class Model(LeasesSequences, HoldsVocabulary):
         return row
 
     # -------------------------------------------------------------- KV cache
-    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
-        """Remove positions [p0, p1) of a sequence (p1=-1: to the end)."""
-        self._leases.touched((seq_id,))
-        if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
-            raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
-
-    @property
-    def copies_prefixes(self) -> bool:
-        """Whether a prompt prefix can be copied between sequences and read back exactly:
-        one KV pool and :attr:`keeps_prefixes`."""
-        return self.kv_unified and self.keeps_prefixes
-
-    @property
-    def keeps_prefixes(self) -> bool:
-        """Whether a sequence's prefix stays whole as it grows: full attention, or a sliding
-        window loaded with ``swa_full`` (else the window drops a sequence's older cells), and
-        no recurrent state (which cannot be cut back to a prefix)."""
-        model = self._model
-        return not ((llama_cpp.llama_model_n_swa(model) > 0 and not self.swa_full)
-                    or llama_cpp.llama_model_is_recurrent(model)
-                    or llama_cpp.llama_model_is_hybrid(model))
-
-    def resumable(self, seq_id: int, n: int) -> int:
-        """How many of the first ``n`` positions ``seq_id`` holds can be kept and decoding
-        resumed after them exactly: ``n``, or 0 where a sliding window has dropped cells
-        the next position attends to. llama.cpp keeps every position from a sequence's
-        lowest to its highest, so the lowest one held says it: resuming at ``n`` needs the
-        window's ``n_swa`` positions before ``n``."""
-        window = int(llama_cpp.llama_model_n_swa(self._model))
-        if n <= 0 or window <= 0:
-            return max(0, n)
-        lowest = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id))
-        return n if 0 <= lowest <= max(0, n - window) else 0
-
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
-
-        Only with a unified KV cache: llama.cpp aborts the process on a partial copy
-        between per-sequence streams, so that is ``InvalidParameter`` here."""
-        if not self.kv_unified:
-            raise InvalidParameter("seq_cp", "needs a unified KV cache (kv_unified=True)")
-        self._leases.touched((dst,))
-        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        """Largest position held for the sequence, -1 when empty."""
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
-
-    def clear(self) -> None:
-        """Drop every sequence from the KV cache (and forget their owners)."""
-        llama_cpp.llama_memory_clear(self._mem, True)
-        self._leases.forget_owners()
 
 
 def _llama_decode(ctx: Any, batch: Any) -> int:

@@ -25,7 +25,6 @@ from .openai_api import (
     parse_chat,
     translate_error,
 )
-from .stream_deltas import read_cut
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -132,10 +131,8 @@ class AnthropicRoutes:
         await self.lanes.collect(request, lanes)
         lane = lanes[0]
         usage = anthropic_api.usage_of(self.lanes.usage(lanes))
-        cut = (read_cut(lane.deltas, lane.text)
-               if lane.reply is None and lane.deltas is not None else None)
         return JSONResponse(anthropic_api.message_body(mid, model, lane.reply, lane.text, usage,
-                                                       _capped(lane), cut))
+                                                       lane.capped, lane.cut()))
 
     async def _messages_sse(self, lanes: list[Lane], mid: str, model: str
                             ) -> AsyncIterator[str]:
@@ -163,7 +160,7 @@ class AnthropicRoutes:
                 for event in stream.parts(lane.deltas.finish(reply)):
                     yield event
             usage = anthropic_api.usage_of(self.lanes.usage(lanes))
-            for event in stream.finish(reply, usage, _capped(lane)):
+            for event in stream.finish(reply, usage, lane.capped):
                 yield event
         except Exception as exc:  # after the 200 went out: an error event
             err = translate_error(exc)
@@ -188,11 +185,6 @@ class AnthropicRoutes:
             raise translate_error(exc, schema_param="output_config.format") from exc
         return JSONResponse({"input_tokens": len(turn.prompt)})
 
-
-
-def _capped(lane: Lane) -> bool:
-    """The lane's ``max_tokens`` was shrunk to the room its prompt left."""
-    return lane.ticket.turn.plan.context_capped
 
 
 def _overflow(exc: BaseException) -> ContextOverflow | None:

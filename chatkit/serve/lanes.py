@@ -36,7 +36,7 @@ from .openai_api import (
     bad,
     usage_body,
 )
-from .stream_deltas import ReplyDeltas
+from .stream_deltas import ReplyDeltas, read_cut
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -71,6 +71,18 @@ class Lane:
     """For a held lane: its markup read as it is written (``stream_deltas``)."""
     logprobs_sent: int = 0
     """Tokens whose logprobs a stream has sent."""
+
+    @property
+    def capped(self) -> bool:
+        """The lane's ``max_tokens`` was shrunk to the room its prompt left."""
+        return self.ticket.turn.context_capped
+
+    def cut(self) -> tuple[str, str, list[dict[str, Any]]] | None:
+        """A held lane cut at ``max_tokens``, read through its markup (``read_cut``); None
+        for a finished or plain-text lane."""
+        if self.reply is not None or self.deltas is None:
+            return None
+        return read_cut(self.deltas, self.text)
 
 
 class KVPool:

@@ -160,25 +160,28 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                     message["reasoning_content"], reasoning = reasoning, None
                 messages.append(message)
         elif kind == "function_call_output":
-            call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(output, str):
-                output = _text(output, where) if isinstance(output, list) else \
-                    json.dumps(output)
-            if call_id is None and isinstance(item.get("name"), str):
-                # output no call asked for (Codex CLI's goal notes): the user's text
-                log_once("uncalled output", "/v1/responses: a function_call_output without "
-                         "call_id is read as user text")
-                messages.append({"role": "user", "content": f"{item['name']}: {output}"})
-                continue
-            if not isinstance(call_id, str):
-                raise bad(f"{where}: a function_call_output needs a call_id", "input")
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+            messages.append(_call_output(item, where))
         elif kind == "reasoning":
             reasoning = _reasoning(item, where)
         else:
             raise bad(f"{where}: {kind!r} items are not supported (messages, function_call, "
                       "function_call_output and reasoning are)", "input", "unsupported_item")
     return messages
+
+
+def _call_output(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A ``function_call_output`` input item as a tool message (400 without a call id);
+    an output no call asked for (Codex CLI's goal notes: a name, no call id) is user text."""
+    call_id, output = item.get("call_id"), item.get("output")
+    if not isinstance(output, str):
+        output = _text(output, where) if isinstance(output, list) else json.dumps(output)
+    if call_id is None and isinstance(item.get("name"), str):
+        log_once("uncalled output", "/v1/responses: a function_call_output without "
+                 "call_id is read as user text")
+        return {"role": "user", "content": f"{item['name']}: {output}"}
+    if not isinstance(call_id, str):
+        raise bad(f"{where}: a function_call_output needs a call_id", "input")
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
 def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -49,7 +49,6 @@ from .responses_api import (
     to_chat_body,
     usage_object,
 )
-from .stream_deltas import read_cut
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -68,9 +67,7 @@ class ChatkitServer:
     def __init__(self, model: StepEngine, *, name: str, api_key: str | None = None,
                  limits: ServerLimits | None = None, max_queue: int | None = None,
                  template: ChatTemplate | None = None, tool_format: str | None = None) -> None:
-        self.model = model
-        self.name = name
-        self.api_key = api_key
+        self.model, self.name, self.api_key = model, name, api_key
         self.limits = limits or ServerLimits()
         self.loop = engine_loop(model)
         self.loop.max_queue = self.loop.max_queue if max_queue is None else max_queue
@@ -132,9 +129,7 @@ class ChatkitServer:
         for i, lane in enumerate(lanes):
             reply = lane.reply
             text = reply.text if reply is not None else lane.text
-            cut = (read_cut(lane.deltas, lane.text)
-                   if reply is None and lane.deltas is not None else None)
-            choices.append({"index": i, "message": assistant_message(reply, text, cut),
+            choices.append({"index": i, "message": assistant_message(reply, text, lane.cut()),
                             "finish_reason": finish_reason(reply.finish_reason)
                             if reply is not None else "length",
                             "logprobs": self._chat_logprobs(lane, req.sampling)})
