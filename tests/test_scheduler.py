@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from chatkit import Conversation, EngineBusy, Model, SamplingParams, engine_loop
-from chatkit.chat.scheduler import EngineLoop
+from chatkit.chat.scheduler import STEP_ROWS, EngineLoop
 
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
@@ -268,6 +268,38 @@ def test_concurrent_turns_with_one_system_prompt_prefill_it_once() -> None:
         assert loop.stats.shared_tokens == sum(cached)
         assert all(isinstance(r.parsed["ok"], bool) for r in replies)
         assert model.free_seqs() == model.n_seq_max
+    finally:
+        model.close()
+
+
+def test_a_unified_pool_prefills_in_large_steps_and_smaller_beside_decoding() -> None:
+    """On one KV pool no bitwise regime is kept (docs/DESIGN.md "Numerics"), so a prompt
+    alone is prefilled in steps of up to ``n_batch`` rows (a long agent prompt at the
+    prompt-processing speed llama.cpp reaches), and beside a decoding turn in steps of
+    ``STEP_ROWS`` (that turn's next token waits for the whole step)."""
+    model = Model.load(n_ctx=4096, n_seq_max=2, kv_unified=True, n_batch=256)
+    try:
+        loop = _fresh_stats(model)
+        greedy = SamplingParams(temperature=0.0)
+        long_text = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 60
+        Conversation(model, sampling=greedy).send(long_text, max_tokens=1)
+        assert loop.stats.max_rows == 256  # the prompt is over 256 tokens
+        runner = Conversation(model, sampling=greedy)
+        deltas = iter(runner.stream("Write a long story.", schema=ENDLESS, max_tokens=800))
+        assert isinstance(deltas, Generator)
+        next(deltas)  # the runner is decoding
+        loop.stats.__init__()  # type: ignore[misc]
+        result: list[str] = []
+        t = threading.Thread(target=lambda: result.append(
+            Conversation(model, sampling=greedy).send(long_text.upper(), max_tokens=1).text))
+        t.start()
+        for _ in deltas:
+            if result:
+                break
+        deltas.close()
+        t.join()
+        assert result and loop.stats.mixed_steps > 0
+        assert loop.stats.max_rows == STEP_ROWS
     finally:
         model.close()
 

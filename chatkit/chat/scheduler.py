@@ -7,12 +7,15 @@ waiting turns at step boundaries as KV sequences come free, and each step is ONE
 rows left over, chunks of the prompts being prefilled — so a long prompt never
 stalls running streams, and turns arriving at any time share forward passes.
 
-Numerics: a step carries at most ``SAFE_PREFILL_CHUNK`` rows (more only when more
-turns are decoding at once), the regime where llama.cpp's CPU logits are bitwise
-equal to one-token-at-a-time evaluation; with a KV stream per sequence (the
-default, ``kv_unified=False``) each reply therefore equals the same reply sent
-alone, greedy and seeded. With ``kv_unified=True`` attention spans other
-sequences' cells and near-ties can flip (docs/DESIGN.md "Numerics"); there, a new turn
+Numerics: with a KV stream per sequence (the default, ``kv_unified=False``) a step
+carries at most ``SAFE_PREFILL_CHUNK`` rows (more only when more turns are decoding at
+once), the regime where llama.cpp's CPU logits are bitwise equal to one-token-at-a-time
+evaluation, so each reply equals the same reply sent alone, greedy and seeded. With
+``kv_unified=True`` attention spans other sequences' cells and near-ties can flip
+(docs/DESIGN.md "Numerics"), so nothing is kept by small steps while no turn decodes: a
+prompt is then prefilled in steps of up to ``n_batch`` rows (an agent's long first prompt
+at the speed llama.cpp prefills). Beside decoding turns steps keep to ``STEP_ROWS`` (their
+next token waits for the whole step). There, a new turn
 copies a prompt prefix a running turn's sequence holds (or will, once its prefill gets
 there) instead of evaluating it (``seq_cp``; ``LoopStats.shared_tokens``), so concurrent
 turns with one system prompt prefill it once. ``chatkit serve`` runs that way by default
@@ -59,7 +62,7 @@ DEFAULT_MAX_QUEUE = 256
 STEP_ROWS = SAFE_PREFILL_CHUNK
 """Rows per forward pass the loop aims for: decode rows first (a speculative turn's drafts in
 what one row per decoding turn leaves, half of it while a prompt waits), prefill in the
-rest."""
+rest (on a unified KV pool with no turn decoding: ``n_batch`` rows)."""
 
 Event = tuple[Literal["delta", "reply", "error", "closed"], Any]
 
@@ -417,10 +420,13 @@ class EngineLoop:
                 chunks.append(c)
                 owners.append((t, "verify" if c.logits == "all" else "advance"))
                 drafts -= len(c.tokens) - 1
+        if engine.kv_unified and not chunks:  # no bitwise regime to keep (module docstring)
+            room = engine.n_batch
         budget = max(1, room - sum(len(c.tokens) for c in chunks))
         _prefill_rows(self._live, budget, chunks, owners)
         if not chunks:
             return
+        checkpoint = getattr(engine, "checkpoint", None)
         with engine.lock:
             try:
                 rows = engine.decode(chunks)
@@ -444,6 +450,8 @@ class EngineLoop:
                 try:
                     if kind == "first":
                         t.state = "decode"
+                        if checkpoint is not None:  # a sliding window's, at the prompt's end
+                            checkpoint(t.turn.seq_id, chunk.pos + len(chunk.tokens))
                         delta = t.turn.first(row[0])
                     elif kind == "verify":
                         delta = t.turn.verify(row)

@@ -32,6 +32,7 @@ from .llama_log import build_info, forget_lines, last_error
 from .llg_prebuild import TokenizerPrebuild
 from .lowlevel import llama_cpp
 from .protocols import SAFE_PREFILL_CHUNK, SeqChunk
+from .swa_checkpoints import WindowCheckpoints
 from .vocab import LLG_SLICES as LLG_SLICES
 from .vocab import Vocab, checked_gguf
 from .vocab import default_model_path as default_model_path
@@ -192,6 +193,7 @@ class KVCells:
     _model: Any
     _mem: Any
     _leases: SeqLeases
+    _windows: WindowCheckpoints | None
     kv_unified: bool
     swa_full: bool
 
@@ -200,12 +202,25 @@ class KVCells:
         self._leases.touched((seq_id,))
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
             raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+        if self._windows is not None:  # cut back to a prompt's end: its window restored
+            self._windows.after_rm(seq_id, p0, p1)
 
     @property
     def copies_prefixes(self) -> bool:
         """Whether a prompt prefix can be copied between sequences and read back exactly:
-        one KV pool and :attr:`keeps_prefixes`."""
+        one KV pool and :attr:`keeps_prefixes`. (Not a sliding window without ``swa_full``
+        on one pool: there the window layers' cells are too few for the copies' windows
+        beside the running sequences'; llama.cpp then finds no KV slot.)"""
         return self.kv_unified and self.keeps_prefixes
+
+    @property
+    def cuts_back(self) -> bool:
+        """Whether a sequence can be cut back to a prefix and decoding resumed there: no
+        recurrent state. (Where a sliding window dropped the cells a position needs,
+        :meth:`resumable` says how far.)"""
+        model = self._model
+        return not (llama_cpp.llama_model_is_recurrent(model)
+                    or llama_cpp.llama_model_is_hybrid(model))
 
     @property
     def keeps_prefixes(self) -> bool:
@@ -219,15 +234,32 @@ class KVCells:
 
     def resumable(self, seq_id: int, n: int) -> int:
         """How many of the first ``n`` positions ``seq_id`` holds can be kept and decoding
-        resumed after them exactly: ``n``, or 0 where a sliding window has dropped cells
-        the next position attends to. llama.cpp keeps every position from a sequence's
-        lowest to its highest, so the lowest one held says it: resuming at ``n`` needs the
-        window's ``n_swa`` positions before ``n``."""
+        resumed after them exactly: ``n``; where a sliding window has dropped cells the
+        next position attends to, the end of the sequence's window checkpoint if that is
+        within ``n`` (cutting the sequence back there, or copying that prefix out of it,
+        restores the window: :mod:`chatkit.engine.swa_checkpoints`), else 0."""
+        if self._window_intact(seq_id, n):
+            return max(0, n)
+        saved = self._windows.at(seq_id) if self._windows is not None else None
+        return saved if saved is not None and 0 < saved <= n else 0
+
+    def _window_intact(self, seq_id: int, n: int) -> bool:
+        """Whether ``seq_id`` holds the window's ``n_swa`` positions before ``n``.
+        llama.cpp keeps every position from a sequence's lowest to its highest (in the
+        window layers; the lowest reported is theirs), so the lowest one held says it."""
         window = int(llama_cpp.llama_model_n_swa(self._model))
         if n <= 0 or window <= 0:
-            return max(0, n)
+            return True
         lowest = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id))
-        return n if 0 <= lowest <= max(0, n - window) else 0
+        return 0 <= lowest <= max(0, n - window)
+
+    def checkpoint(self, seq_id: int, pos: int) -> None:
+        """A prompt's prefill ended at ``pos`` in ``seq_id``: on a sliding-window model
+        without ``swa_full``, save the window there (one per sequence; a later turn that
+        repeats the prompt resumes there whatever the reply pushed out). A no-op
+        elsewhere. Costs a copy of the window's cells (milliseconds for small models)."""
+        if self._windows is not None:
+            self._windows.save(seq_id, pos)
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
@@ -238,6 +270,8 @@ class KVCells:
             raise InvalidParameter("seq_cp", "needs a unified KV cache (kv_unified=True)")
         self._leases.touched((dst,))
         llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+        if self._windows is not None:  # a prefix ending at src's checkpoint: its window
+            self._windows.after_cp(src, dst, p1)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position held for the sequence, -1 when empty."""
@@ -247,6 +281,8 @@ class KVCells:
         """Drop every sequence from the KV cache (and forget their owners)."""
         llama_cpp.llama_memory_clear(self._mem, True)
         self._leases.forget_owners()
+        if self._windows is not None:
+            self._windows.forget()
 
 
 class Model(KVCells, LeasesSequences, HoldsVocabulary):
@@ -293,11 +329,16 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
         self.stats = _Stats()
         self.seq_wait = 60.0
         """Seconds a turn waits for a free KV sequence before ``EngineBusy``."""
+        self._windows = (WindowCheckpoints(ctx, self._window_intact)
+                         if llama_cpp.llama_model_n_swa(model) > 0 and not swa_full
+                         and self.cuts_back else None)
+        """A sliding window's checkpoints at each prompt's end (:meth:`checkpoint`)."""
         self._leases = SeqLeases(self.n_seq_ids, self.lock, self.seq_rm,
                                  self.seq_cp if self.copies_prefixes else None,
                                  max_busy=n_seq_max, seq_len=lambda s: self.seq_pos_max(s) + 1,
                                  resumable=self.resumable)
-        self._leases.routes = self.keeps_prefixes  # a window may have dropped older cells
+        # a window's cells are checked by resumable(); not on one pool (copies_prefixes)
+        self._leases.routes = self.keeps_prefixes or (self.cuts_back and not kv_unified)
         if cache_seqs:  # each lease keeps to its share; idle prefixes fill the rest
             self.n_ctx_seq = self.n_ctx // n_seq_max
             self._leases.room = (lambda: self.n_ctx, lambda: self.n_ctx_seq)
