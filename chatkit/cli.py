@@ -361,7 +361,8 @@ def _serve(args: argparse.Namespace) -> int:
                           speculative=args.speculative)
     serve(model, name=name, host=args.host, port=args.port,
           api_key=args.api_key or os.environ.get("CHATKIT_API_KEY") or None, limits=limits,
-          max_queue=args.max_queue, template=template, tool_format=args.tool_format)
+          max_queue=args.max_queue, template=template, tool_format=args.tool_format,
+          drain_timeout=args.drain_timeout)
     return 0
 
 
@@ -423,6 +424,16 @@ def _positive_int(value: str) -> int:
 
 def _non_negative_int(value: str) -> int:
     return _int_at_least(value, 0)
+
+
+def _seconds(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not 0 <= n < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0 and finite: {value}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -511,6 +522,9 @@ def _add_serve(sub: Any) -> None:
                           "first when the pool needs room; not with --reproducible)")
     srv.add_argument("--max-queue", type=_positive_int, default=64,
                      help="turns that may wait for a sequence (then 429)")
+    srv.add_argument("--drain-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                     help="on SIGTERM/SIGINT: new requests get 503, those in flight get this "
+                          "long to finish, then streams end with an error (default 30)")
     srv.add_argument("--max-tokens-cap", type=_positive_int, default=None,
                      help="largest max_tokens a reply gets, also the default (default: the "
                           "room its prompt leaves); a request asking for more gets this many")

@@ -119,6 +119,8 @@ class Lanes:
         self.loop = loop
         self.limits = limits
         self.kv = KVPool(model)
+        self._open: set[asyncio.Queue[tuple[int, Any]]] = set()
+        """The event queues of the requests running now (:meth:`abort` ends them)."""
 
     def plan_chat(self, req: ChatRequest, lane: int) -> Turn:
         s = req.sampling
@@ -226,6 +228,7 @@ class Lanes:
 
         tasks = [asyncio.create_task(pump(i, lane)) for i, lane in enumerate(lanes)]
         deadline = asyncio.get_running_loop().time() + self.limits.request_timeout
+        self._open.add(queue)
         try:
             ended = 0
             while ended < len(lanes):
@@ -236,11 +239,18 @@ class Lanes:
                 ended += item is None
                 yield i, item
         finally:
+            self._open.discard(queue)
             for lane in lanes:
                 lane.ticket.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def abort(self, exc: Exception) -> None:
+        """End every running request with ``exc`` (raised where it reads its events: a
+        stream sends it as its error event). On the event loop's thread."""
+        for queue in self._open:
+            queue.put_nowait((0, exc))
 
     async def _until_disconnect(self, request: Request, lanes: list[Lane]) -> None:
         """A non-streaming request: cancel its turns when the client goes away."""

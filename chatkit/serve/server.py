@@ -322,13 +322,16 @@ def _sse(data: dict[str, Any]) -> str:
 def serve(model: StepEngine, *, name: str, host: str = "127.0.0.1", port: int = 8000,
           api_key: str | None = None, limits: ServerLimits | None = None,
           max_queue: int | None = None, template: ChatTemplate | None = None,
-          tool_format: str | None = None) -> None:
-    """Run the server until interrupted (uvicorn, one process: one engine, one loop)."""
-    import uvicorn
+          tool_format: str | None = None, drain_timeout: float = 30.0) -> None:
+    """Run the server until SIGTERM or SIGINT (uvicorn, one process: one engine, one loop),
+    then drain: new requests 503, those in flight finish within ``drain_timeout`` seconds
+    (:mod:`chatkit.serve.shutdown`)."""
+    from .shutdown import Drain, run
 
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         _log.warning("serving on %s without --api-key: anyone who can reach it may use it",
                      host)
     server = ChatkitServer(model, name=name, api_key=api_key, limits=limits,
                            max_queue=max_queue, template=template, tool_format=tool_format)
-    uvicorn.run(server.app, host=host, port=port, log_level="info", access_log=False)
+    drain = Drain(server.app, server.lanes.abort)
+    run(drain, drain, host=host, port=port, drain_timeout=drain_timeout)
