@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -443,6 +444,28 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
                               stop_token), build, "think+schema grammar").clone()
 
 
+class CompileStats:
+    """Grammars compiled in this process, all engines together (``/metrics`` reads them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._count += 1
+            self._seconds += seconds
+
+    def read(self) -> tuple[int, float]:
+        """(grammars compiled, seconds spent compiling them)."""
+        with self._lock:
+            return self._count, self._seconds
+
+
+COMPILES = CompileStats()
+
+
 def _compiled(engine: Vocabulary, key: Any, build: Callable[[], Constraint],
               what: str) -> Constraint:
     """A grammar compiled once per engine and key (logged: compile time, or a cache hit)."""
@@ -453,7 +476,9 @@ def _compiled(engine: Vocabulary, key: Any, build: Callable[[], Constraint],
         hit = False
         started = time.perf_counter()
         made = build()
-        _log.debug("%s compiled in %.1f ms", what, (time.perf_counter() - started) * 1000)
+        took = time.perf_counter() - started
+        COMPILES.add(took)
+        _log.debug("%s compiled in %.1f ms", what, took * 1000)
         return made
 
     made = engine.cache(key, timed)

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,8 @@ class Lane:
     """For a held lane: its markup read as it is written (``stream_deltas``)."""
     logprobs_sent: int = 0
     """Tokens whose logprobs a stream has sent."""
+    started: float = 0.0
+    """When its request started (``time.monotonic()``)."""
 
     @property
     def capped(self) -> bool:
@@ -121,6 +124,9 @@ class Lanes:
         self.kv = KVPool(model)
         self._open: set[asyncio.Queue[tuple[int, Any]]] = set()
         """The event queues of the requests running now (:meth:`abort` ends them)."""
+        self.on_finish: Callable[[Lane, float, float | None], None] | None = None
+        """Called when a lane ends with its reply: (lane, its request's start, its first
+        text's time or None), monotonic times (the metrics)."""
 
     def plan_chat(self, req: ChatRequest, lane: int) -> Turn:
         s = req.sampling
@@ -185,6 +191,7 @@ class Lanes:
 
     async def start(self, plan_lane: Callable[[int], Turn], n: int) -> list[Lane]:
         """Plan every lane (refusals: 400 before any token), borrow KV claims, submit."""
+        started = time.monotonic()
         turns = [await run_blocking(self.model, plan_lane, i) for i in range(n)]
         lanes: list[Lane] = []
         try:
@@ -198,7 +205,8 @@ class Lanes:
                 # the claim comes back when the loop lets go of the turn, whatever happens
                 ticket.on_close.append(functools.partial(self.kv.give_back, turn.kv))
                 hold = turn.has_tools or turn.thinking
-                lanes.append(Lane(ticket, hold=hold, deltas=_deltas(turn) if hold else None))
+                lanes.append(Lane(ticket, hold=hold, deltas=_deltas(turn) if hold else None,
+                                  started=started))
         except EngineBusy:
             for lane in lanes:
                 lane.ticket.cancel()
@@ -214,11 +222,16 @@ class Lanes:
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
         async def pump(i: int, lane: Lane) -> None:
+            first: float | None = None
             try:
                 async with contextlib.aclosing(lane.ticket.adeltas()) as deltas:
                     async for delta in deltas:
+                        if first is None:
+                            first = time.monotonic()
                         queue.put_nowait((i, delta))
                 lane.reply = lane.ticket.reply
+                if self.on_finish is not None:
+                    self.on_finish(lane, lane.started, first)
                 queue.put_nowait((i, None))
             except Truncated as exc:
                 lane.text, lane.finish = exc.text, "length"

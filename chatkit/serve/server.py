@@ -27,6 +27,7 @@ from ..templates import ChatTemplate
 from .anthropic_routes import AnthropicRoutes
 from .http import guarded, http_error, read_body, wants_anthropic
 from .lanes import Lane, Lanes
+from .metrics import ROUTES, metrics_endpoint, open_metrics
 from .openai_api import (
     ChatRequest,
     RequestError,
@@ -51,7 +52,6 @@ from .responses_api import (
 )
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
 
@@ -75,29 +75,31 @@ class ChatkitServer:
                            tool_format=tool_format)
         self.created = now()
         self.anthropic = AnthropicRoutes(model, name, self.lanes, self.limits, self.created)
+        self.metrics = open_metrics(model, self.loop, self.lanes, ROUTES)
         self.app = self._build()
 
-    def _build(self) -> Starlette:
+    def _build(self) -> Any:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
         key, get, post = self.api_key, ["GET"], ["POST"]
-        return Starlette(routes=[
+        app = Starlette(routes=[
             Route("/health", self.health, methods=get),
+            Route("/metrics", guarded(metrics_endpoint(self.metrics), None), methods=get),
             Route("/v1/models", guarded(self.models, key), methods=get),
             Route("/v1/chat/completions", guarded(self.chat, key), methods=post),
             Route("/v1/completions", guarded(self.completions, key), methods=post),
             Route("/v1/responses", guarded(self.responses, key), methods=post),
             *self.anthropic.routes(key)],
             exception_handlers={404: http_error, 405: http_error})
+        return self.metrics.wrap(app) if self.metrics is not None else app
 
     async def health(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"status": "ok", "model": self.name, "running": self.loop.running,
-                             "queued": self.loop.queued,
-                             "context_per_sequence": self.model.n_ctx_seq,
-                             "sequences": self.model.n_seq_max})
+                             "queued": self.loop.queued, "sequences": self.model.n_seq_max,
+                             "context_per_sequence": self.model.n_ctx_seq})
 
     async def models(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
@@ -108,17 +110,12 @@ class ChatkitServer:
             "id": self.name, "object": "model", "created": self.created, "owned_by": "chatkit",
             "max_model_len": self.model.n_ctx_seq}]})
 
-    def _check_model(self, name: str | None) -> None:
-        if name is not None and name != self.name:
-            raise RequestError(404, f"model {name!r} is not served here (this server serves "
-                               f"{self.name!r})", code="model_not_found")
-
     # ----------------------------------------------------------------- chat
     async def chat(self, request: Request) -> Response:
         from starlette.responses import JSONResponse, StreamingResponse
 
         req = parse_chat(await read_body(request, self.limits.max_body_bytes), self.limits)
-        self._check_model(req.model)
+        _check_model(self.name, req.model)
         lanes = await self.lanes.start(lambda i: self.lanes.plan_chat(req, i), req.sampling.n)
         rid, created = new_id("chatcmpl"), now()
         if req.sampling.stream:
@@ -194,7 +191,7 @@ class ChatkitServer:
 
         raw = await read_body(request, self.limits.max_body_bytes)
         req = parse_chat(to_chat_body(raw), self.limits)
-        self._check_model(req.model)
+        _check_model(self.name, req.model)
         try:
             lanes = await self.lanes.start(lambda i: self.lanes.plan_chat(req, i), 1)
         except Exception as exc:
@@ -254,7 +251,7 @@ class ChatkitServer:
         from starlette.responses import JSONResponse, StreamingResponse
 
         req = parse_completion(await read_body(request, self.limits.max_body_bytes), self.limits)
-        self._check_model(req.model)
+        _check_model(self.name, req.model)
         param = "structured_outputs" if req.grammar else "response_format"
         try:
             lanes = await self.lanes.start(lambda i: self.lanes.plan_completion(req, i),
@@ -309,6 +306,12 @@ class ChatkitServer:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
+
+
+def _check_model(served: str, name: str | None) -> None:
+    if name is not None and name != served:
+        raise RequestError(404, f"model {name!r} is not served here (this server serves "
+                           f"{served!r})", code="model_not_found")
 
 
 def _lane_finish(lane: Lane) -> str:
