@@ -9,6 +9,7 @@ refusal is a :class:`RequestError` carrying the HTTP status and the OpenAI error
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,8 @@ from ..messages import FinishReason, Message, Reply, messages_from_openai
 from ..tools.definition import Tool
 
 __all__: list[str] = []
+
+_log = logging.getLogger("chatkit.server")
 
 
 @dataclass(frozen=True)
@@ -419,6 +422,11 @@ def parse_chat(body: Any, limits: ServerLimits) -> ChatRequest:
     schema = _response_format(body.get("response_format"))
     parallel = _get(body, "parallel_tool_calls", bool, True)
     threshold = _get(body, "tool_call_threshold", (int, float))
+    if threshold is not None and not tools and 0 <= threshold <= 1:
+        # an agent client sends its model's extra fields on every request, those without
+        # tools too (titles, summaries): there the threshold has nothing to decide
+        _log.info("tool_call_threshold without tools: nothing to decide, ignored")
+        threshold = None
     budget = _get(body, "think_budget", int)
     if budget is not None and budget < 1:
         raise bad(f"think_budget must be >= 1, got {budget}", "think_budget")
