@@ -1,5 +1,5 @@
-"""Sliding-window checkpoints (chatkit.engine.swa_checkpoints) on Gemma 3, whose window
-layers keep 512 positions: a sequence cut back to a prompt's end, or a prefix of that length
+"""Sliding-window checkpoints (``WindowCheckpoints``, chatkit.engine.kvseqs) on Gemma 3, whose
+window layers keep 512 positions: a sequence cut back to a prompt's end, or a prefix of that length
 copied out of it, gets the window back after a long reply pushed it out, so the next turn
 of a conversation starts from the cached prompt without ``swa_full``."""
 

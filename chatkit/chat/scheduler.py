@@ -248,6 +248,18 @@ class LoopStats:
     shared_tokens: int = 0
     """Prompt tokens copied from another running turn's sequence instead of evaluated."""
 
+    def count(self, chunks: list[SeqChunk], owners: list[tuple[Ticket, RowKind]]) -> None:
+        """One forward pass of ``chunks`` (``owners``: whose, and what each row is)."""
+        self.steps += 1
+        rows_now = sum(len(c.tokens) for c in chunks)
+        self.rows += rows_now
+        self.max_rows = max(self.max_rows, rows_now)
+        if len({id(t) for t, _ in owners}) > 1:
+            self.shared_steps += 1
+        kinds = {"advance" if kind == "verify" else kind for _, kind in owners}
+        if "advance" in kinds and kinds - {"advance"}:
+            self.mixed_steps += 1
+
 
 class EngineLoop:
     """The scheduler of one engine (see the module docstring). Get it with
@@ -434,15 +446,7 @@ class EngineLoop:
                 for t, _ in owners:
                     self._fail(t, exc)
                 return
-            self.stats.steps += 1
-            rows_now = sum(len(c.tokens) for c in chunks)
-            self.stats.rows += rows_now
-            self.stats.max_rows = max(self.stats.max_rows, rows_now)
-            if len({id(t) for t, _ in owners}) > 1:
-                self.stats.shared_steps += 1
-            kinds = {"advance" if kind == "verify" else kind for _, kind in owners}
-            if "advance" in kinds and kinds - {"advance"}:
-                self.stats.mixed_steps += 1
+            self.stats.count(chunks, owners)
             for (t, kind), row, chunk in zip(owners, rows, chunks, strict=True):
                 if kind == "none":
                     t.turn.prefilled(chunk.pos + len(chunk.tokens))

@@ -27,12 +27,11 @@ from numpy.typing import NDArray
 from ..errors import DecodeError, InvalidParameter, ModelLoadError
 from .backends import SPLIT_MODES, BuildInfo, Placement, plan_placement
 from .compute import run_on_compute
-from .kvseqs import LeasesSequences, SeqLeases
+from .kvseqs import LeasesSequences, SeqLeases, WindowCheckpoints
 from .llama_log import build_info, forget_lines, last_error
 from .llg_prebuild import TokenizerPrebuild
 from .lowlevel import llama_cpp
 from .protocols import SAFE_PREFILL_CHUNK, SeqChunk
-from .swa_checkpoints import WindowCheckpoints
 from .vocab import LLG_SLICES as LLG_SLICES
 from .vocab import Vocab, checked_gguf
 from .vocab import default_model_path as default_model_path
@@ -237,7 +236,7 @@ class KVCells:
         resumed after them exactly: ``n``; where a sliding window has dropped cells the
         next position attends to, the end of the sequence's window checkpoint if that is
         within ``n`` (cutting the sequence back there, or copying that prefix out of it,
-        restores the window: :mod:`chatkit.engine.swa_checkpoints`), else 0."""
+        restores the window: ``WindowCheckpoints`` in :mod:`chatkit.engine.kvseqs`), else 0."""
         if self._window_intact(seq_id, n):
             return max(0, n)
         saved = self._windows.at(seq_id) if self._windows is not None else None
