@@ -4,12 +4,14 @@ and the process exits 0; past ``--drain-timeout`` an open stream ends with an er
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,12 +19,20 @@ import httpx
 from tests.helpers import free_port, wait_until_serving
 
 
-def _start(port: int, *flags: str) -> subprocess.Popen[bytes]:
+@contextlib.contextmanager
+def _serving(*flags: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A ``chatkit serve`` process and its base URL; killed at the end if still running."""
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "chatkit", "serve", "--port", str(port),
                              "--n-seq-max", "4", "--n-ctx", "4096", "--name", "m", *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until_serving(f"http://127.0.0.1:{port}/health", proc)
-    return proc
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}/health", proc)
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _stream(base: str, max_tokens: int, schema: dict[str, Any] | None,
@@ -59,10 +69,7 @@ def _run_streams(base: str, n: int, max_tokens: int, schema: dict[str, Any] | No
 
 
 def test_sigterm_drains_streams_refuses_new_requests_and_exits_0() -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = _start(port, "--drain-timeout", "60")
-    try:
+    with _serving("--drain-timeout", "60") as (proc, base):
         # 4 streams that cannot end before 120 tokens (a long JSON string)
         threads, out = _run_streams(base, 4, 120, {"type": "string", "minLength": 2000})
         sent = time.monotonic()
@@ -89,17 +96,10 @@ def test_sigterm_drains_streams_refuses_new_requests_and_exits_0() -> None:
                         for c in e.get("choices", []) if c.get("finish_reason")]
             assert finishes == ["length"], events[-3:]
             assert not any(isinstance(e, dict) and "error" in e for e in events)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_a_stream_past_the_drain_timeout_ends_with_an_error_event() -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = _start(port, "--drain-timeout", "1")
-    try:
+    with _serving("--drain-timeout", "1") as (proc, base):
         threads, out = _run_streams(base, 1, 3000, {"type": "string", "minLength": 20000})
         proc.send_signal(signal.SIGTERM)
         for t in threads:
@@ -108,7 +108,3 @@ def test_a_stream_past_the_drain_timeout_ends_with_an_error_event() -> None:
         (result,) = out
         errors = [e["error"] for e in result["events"] if isinstance(e, dict) and "error" in e]
         assert [e["code"] for e in errors] == ["server_shutting_down"]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -273,6 +273,8 @@ class EngineLoop:
         self._waiting: deque[Ticket] = deque()
         self._live: list[Ticket] = []
         self._active = False  # registered with the compute thread
+        self._checkpoint = getattr(engine, "checkpoint", None)
+        """A sliding window's checkpoint at each prompt's end (``Model.checkpoint``)."""
 
     @property
     def queued(self) -> int:
@@ -438,7 +440,7 @@ class EngineLoop:
         _prefill_rows(self._live, budget, chunks, owners)
         if not chunks:
             return
-        checkpoint = getattr(engine, "checkpoint", None)
+        checkpoint = self._checkpoint
         with engine.lock:
             try:
                 rows = engine.decode(chunks)

@@ -48,9 +48,6 @@ __all__: list[str] = []
 
 _log = logging.getLogger("chatkit.server")
 
-ROUTES = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
-          "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"]
-"""The paths counted by name (any other is ``other``)."""
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                    160.0, 320.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -67,14 +64,12 @@ def available() -> bool:
 
 class Metrics:
     """The server's metrics: the ASGI middleware that counts requests (:meth:`wrap`), the
-    lanes' finish hook (:meth:`finished`), and the scrape (:meth:`endpoint`).
-    ``routes``: the paths counted by name."""
+    lanes' finish hook (:meth:`finished`), and the scrape (:meth:`endpoint`)."""
 
-    def __init__(self, model: StepEngine, loop: EngineLoop, routes: list[str]) -> None:
+    def __init__(self, model: StepEngine, loop: EngineLoop) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = r = CollectorRegistry()
-        self._routes = set(routes)
         self.requests = Counter("chatkit:requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
         self.success = Counter("chatkit:request_success", "Replies by finish reason",
@@ -129,7 +124,10 @@ class Metrics:
                               / (u.completion_tokens - 1))
 
     def wrap(self, app: Any) -> Any:
-        """``app`` with every HTTP request counted by route and status."""
+        """``app`` (a Starlette app) with every HTTP request counted by route and status:
+        its routes' paths by name, any other path as ``other``."""
+        routes = {r.path for r in app.routes}
+
         async def counted(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)
@@ -144,7 +142,7 @@ class Metrics:
             try:
                 await app(scope, receive, send_status)
             finally:
-                route = scope["path"] if scope["path"] in self._routes else "other"
+                route = scope["path"] if scope["path"] in routes else "other"
                 self.requests.labels(route=route, status=str(status[0])).inc()
 
         return counted
@@ -156,13 +154,12 @@ class Metrics:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def open_metrics(model: StepEngine, loop: EngineLoop, lanes: Any,
-                 routes: list[str]) -> Metrics | None:
+def open_metrics(model: StepEngine, loop: EngineLoop, lanes: Any) -> Metrics | None:
     """The server's metrics, hooked to its lanes; None (logged) without prometheus-client."""
     if not available():
         _log.info("/metrics is off: pip install 'chatkit[metrics]' (prometheus-client)")
         return None
-    metrics = Metrics(model, loop, routes)
+    metrics = Metrics(model, loop)
     lanes.on_finish = metrics.finished
     return metrics
 

@@ -27,7 +27,7 @@ from ..templates import ChatTemplate
 from .anthropic_routes import AnthropicRoutes
 from .http import guarded, http_error, read_body, wants_anthropic
 from .lanes import Lane, Lanes
-from .metrics import ROUTES, metrics_endpoint, open_metrics
+from .metrics import metrics_endpoint, open_metrics
 from .openai_api import (
     ChatRequest,
     RequestError,
@@ -75,7 +75,7 @@ class ChatkitServer:
                            tool_format=tool_format)
         self.created = now()
         self.anthropic = AnthropicRoutes(model, name, self.lanes, self.limits, self.created)
-        self.metrics = open_metrics(model, self.loop, self.lanes, ROUTES)
+        self.metrics = open_metrics(model, self.loop, self.lanes)
         self.app = self._build()
 
     def _build(self) -> Any:
