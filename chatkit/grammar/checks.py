@@ -30,7 +30,15 @@ from typing import Any, Literal, TypeVar
 from ..errors import SchemaUnsupported
 from .schema_check import load_jsonschema
 from .schema_rewrite import relax_cycle, relax_named_patterns, relax_patterns
-from .schema_walk import DATA_KEYWORDS, SCHEMA_LISTS, SCHEMA_MAPS, escape, local_ref, walk
+from .schema_walk import (
+    DATA_KEYWORDS,
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    declared_names,
+    escape,
+    local_ref,
+    walk,
+)
 
 __all__: list[str] = []
 
@@ -202,6 +210,9 @@ def relax(doc: dict[str, Any], keywords: list[str], relaxed: dict[str, tuple[str
     with ``every``."""
     out: dict[str, Any] = copy.deepcopy(doc)
     for pointer, node in list(walk(out, "")):
+        if _MERGED.intersection(node).intersection(
+                name for keyword in keywords for name in RELAXED[keyword]):
+            _keep_keys(out, node)
         removed: list[str] = []
         for keyword in keywords:
             for name in RELAXED[keyword]:
@@ -226,6 +237,26 @@ def relax(doc: dict[str, Any], keywords: list[str], relaxed: dict[str, tuple[str
         if removed:
             relaxed[pointer] = tuple(sorted({*relaxed.get(pointer, ()), *removed}))
     return out
+
+
+_MERGED = frozenset({"if", "then", "else", "dependentSchemas", "dependencies",
+                     "dependentRequired"})
+"""Relaxed keywords that may declare an object's keys (merged before the object closes)."""
+
+
+def _keep_keys(doc: dict[str, Any], node: dict[str, Any]) -> None:
+    """Before keywords beside an object's ``properties`` are relaxed away, the keys they
+    declare join those properties as ``{}`` and a property they also declare stays open,
+    so that closing the object for generation (``schema.close_objects``) keeps every key the
+    value check may ask for. Both say nothing new of an object that was open."""
+    props = node.get("properties")
+    if not isinstance(props, dict) or "additionalProperties" in node:
+        return
+    for name in declared_names(doc, node):
+        if name not in props:
+            props[name] = {}
+        elif isinstance(props[name], dict) and "properties" in props[name]:
+            props[name].setdefault("additionalProperties", True)
 
 
 def _applies(node: dict[str, Any], name: str, format_name: str | None) -> bool:

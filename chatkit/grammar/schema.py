@@ -37,7 +37,16 @@ from .schema_numbers import Digits as Digits
 from .schema_numbers import Survey, bounded, survey_of
 from .schema_numbers import bound_numbers as bound_numbers
 from .schema_rewrite import rewrite_exact
-from .schema_walk import MAX_DEPTH, find, keyword_path, local_ref, schema_depth, walk
+from .schema_walk import (
+    MAX_DEPTH,
+    beside,
+    declared_names,
+    find,
+    keyword_path,
+    local_ref,
+    schema_depth,
+    walk,
+)
 from .schema_walk import subschemas as subschemas
 
 __all__ = ["SchemaInput", "SchemaReader"]
@@ -125,31 +134,37 @@ def close_objects(doc: dict[str, Any]) -> None:
     ``max_tokens``, and a Pydantic model ignores or forbids them anyway. The second reader
     still checks the schema as written, which admits the closed objects' documents.
 
-    Left open, because closing would change what the schema means: objects under ``allOf``
-    or beside a ``$ref`` and what they reference (each part closed would reject the other
-    parts' keys; every part is found before any is closed), objects whose ``required``
-    names a key ``properties`` does not declare, and objects with ``patternProperties``
-    or ``unevaluatedProperties``. Counts written as integral floats (``"maxItems": 2.0``, an
-    integer in JSON Schema) become integers, as llguidance wants them, and a
-    ``propertyNames`` every key passes (``{}``, ``{"type": "string"}``: Claude Code's tools
-    send it) is dropped."""
-    in_all_of: set[int] = set()
+    Merged before closing: the keys that subschemas beside an object declare (``allOf``,
+    ``anyOf``, ``oneOf``, ``if``/``then``/``else``, ``dependentSchemas``, a ``$ref`` with
+    siblings; :func:`chatkit.grammar.schema_walk.declared_names`) join its ``properties``
+    as ``{}`` (the branch says what the value is), and those subschemas, and what they
+    reference, are left open (each closed apart would reject the other parts' keys; every
+    part is found before any is closed). Left open, because closing would change what the
+    schema means: objects whose ``required`` names a key nobody declares, and objects with
+    ``patternProperties`` or ``unevaluatedProperties``. Counts written as integral floats
+    (``"maxItems": 2.0``, an integer in JSON Schema) become integers, as llguidance wants
+    them, and a ``propertyNames`` every key passes (``{}``, ``{"type": "string"}``: Claude
+    Code's tools send it) is dropped."""
+    parts: set[int] = set()
 
     def mark(branch: Any) -> None:  # a branch and every local $ref it reaches
         for _, sub in walk(branch, ""):
-            if id(sub) in in_all_of:
+            if id(sub) in parts:
                 continue
-            in_all_of.add(id(sub))
+            parts.add(id(sub))
             target = local_ref(doc, sub.get("$ref"))
             if target is not None:
                 mark(target)
 
     nodes = [node for _, node in walk(doc, "")]
     for node in nodes:  # composition first, so no part is closed before it is seen as one
-        branches = node.get("allOf")
-        if isinstance(branches, list):
-            for branch in branches:
-                mark(branch)
+        shared = beside(node) if _OBJECT_KEYS.intersection(node) else node.get("allOf")
+        for branch in shared if isinstance(shared, list) else []:
+            mark(branch)
+        props = node.get("properties")
+        if shared and isinstance(props, dict):  # a key declared here and beside: merged too
+            for name in set(props).intersection(declared_names(doc, node)):
+                mark(props[name])
         if "$ref" in node and _COMPOSING.intersection(node):  # $ref + siblings: allOf
             mark(node)
     for node in nodes:
@@ -158,18 +173,28 @@ def close_objects(doc: dict[str, Any]) -> None:
                 node[keyword] = int(node[keyword])
         if _every_key(node.get("propertyNames", False)):
             del node["propertyNames"]  # a JSON key is a string: nothing to enforce
-        if id(node) in in_all_of:
-            continue
-        props = node.get("properties")
-        if node.get("type") != "object" or not isinstance(props, dict):
-            continue
-        required = node.get("required", [])
-        if ("patternProperties" in node or "unevaluatedProperties" in node
-                or not isinstance(required, list)
-                or any(name not in props for name in required)):
-            continue
-        node.setdefault("additionalProperties", False)
+        if id(node) not in parts:
+            _close(doc, node)
 
+
+def _close(doc: dict[str, Any], node: dict[str, Any]) -> None:
+    """Close one object schema (see :func:`close_objects`), its merged keys added first."""
+    props = node.get("properties")
+    required = node.get("required", [])
+    if (node.get("type") != "object" or not isinstance(props, dict)
+            or "additionalProperties" in node or "patternProperties" in node
+            or "unevaluatedProperties" in node or not isinstance(required, list)):
+        return
+    merged = [name for name in declared_names(doc, node) if name not in props]
+    if any(name not in props and name not in merged for name in required):
+        return
+    for name in merged:
+        props[name] = {}
+    node["additionalProperties"] = False
+
+
+_OBJECT_KEYS = frozenset({"properties", "required"})
+"""An object schema's own keys: subschemas beside them are merged with it before closing."""
 
 _COMPOSING = frozenset({"properties", "required", "additionalProperties", "patternProperties",
                         "allOf", "anyOf", "oneOf"})

@@ -9,6 +9,8 @@ Two jobs, both before llguidance compiles a schema:
   generated character already obeys; ECMA-262 pattern syntax the Rust regex engine reads
   differently (``\\<``, ``\\>``, ``[^]``) is translated. Nothing is checked afterwards:
   the grammar says exactly what the keyword says.
+- lookarounds at a value's edges (``^(?!ab)[a-z]{3}$``) become a plain regex for the same
+  values (:func:`chatkit.grammar.regex_sets.without_lookarounds`): exact too.
 - relaxing (:func:`relax_patterns`, :func:`relax_named_patterns`,
   :func:`relax_cycle`): a pattern the Rust engine cannot compile (lookarounds,
   backreferences, a mid-pattern ``$``), a pattern whose language llguidance cannot decide
@@ -27,6 +29,7 @@ import re
 from typing import Any
 
 from ..engine import bare_import
+from .regex_sets import without_lookarounds
 from .schema_walk import local_ref, walk
 
 __all__: list[str] = []
@@ -82,7 +85,10 @@ def _usable(pattern: Any) -> str | None:
     if not isinstance(pattern, str) or _negates_quote(pattern):
         return None
     translated = ecma_pattern(pattern)
-    return translated if pattern_compiles(translated) else None
+    if pattern_compiles(translated):
+        return translated
+    plain = without_lookarounds(pattern)  # lookarounds at the value's edges: intersected
+    return plain if plain is not None and pattern_compiles(plain) else None
 
 
 def _negates_quote(pattern: str) -> bool:

@@ -91,6 +91,55 @@ def local_ref(doc: Any, ref: Any) -> dict[str, Any] | None:
     return node if isinstance(node, dict) else None
 
 
+APPLICATORS = ("allOf", "anyOf", "oneOf", "if", "then", "else", "dependentSchemas",
+               "dependencies")
+"""Keywords whose subschemas apply to the same instance as the schema that holds them
+(``dependencies`` in its schema form): an object's keys may be declared there too."""
+
+
+def beside(node: dict[str, Any]) -> list[Any]:
+    """The subschemas ``node``'s applicators (:data:`APPLICATORS`) apply to its own instance."""
+    out: list[Any] = []
+    for key in APPLICATORS:
+        value = node.get(key)
+        if isinstance(value, list) and key in SCHEMA_LISTS:
+            out += value
+        elif isinstance(value, dict) and key in ("dependentSchemas", "dependencies"):
+            out += [v for v in value.values() if isinstance(v, dict)]
+        elif isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def declared_names(doc: Any, node: dict[str, Any]) -> list[str]:
+    """The object keys ``node``'s ``dependentRequired`` and the subschemas beside it declare
+    (``properties``, ``required``, ``dependentRequired`` and ``dependencies`` names, through
+    nested applicators and local ``$ref``s), in document order: the keys an instance of
+    ``node`` may need although ``node``'s ``properties`` do not list them."""
+    names: dict[str, None] = {}
+    seen: set[int] = set()
+    todo: list[Any] = [{"dependentRequired": node.get("dependentRequired"),
+                        "dependencies": node.get("dependencies")}, *beside(node)]
+    for sub in todo:  # grows while it is read: breadth first
+        if not isinstance(sub, dict) or id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        if isinstance(sub.get("properties"), dict):
+            names.update(dict.fromkeys(sub["properties"]))
+        if isinstance(sub.get("required"), list):
+            names.update(dict.fromkeys(n for n in sub["required"] if isinstance(n, str)))
+        for key in ("dependentRequired", "dependencies"):
+            if isinstance(sub.get(key), dict):
+                names.update(dict.fromkeys(sub[key]))
+                names.update(dict.fromkeys(n for v in sub[key].values() if isinstance(v, list)
+                                           for n in v if isinstance(n, str)))
+        todo += beside(sub)
+        target = local_ref(doc, sub.get("$ref"))
+        if target is not None:
+            todo.append(target)
+    return list(names)
+
+
 def escape(token: str) -> str:
     """One JSON pointer token, escaped (``~`` as ``~0``, ``/`` as ``~1``)."""
     return token.replace("~", "~0").replace("/", "~1")
