@@ -1,15 +1,29 @@
 """Bad sizes and long conversations: named errors before any decode, never an abort; work
-beyond the free KV sequences waits; an opt-in policy keeps a long conversation going."""
+beyond the free KV sequences waits; an opt-in policy keeps a long conversation going; every
+cache that client input can grow holds at most its stated bound."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
 import threading
 
 import pytest
 
-from chatkit import ContextOverflow, Conversation, InvalidParameter, Message, Model
+import chatkit
+from chatkit import (
+    Constraint,
+    ContextOverflow,
+    Conversation,
+    InvalidParameter,
+    Message,
+    Model,
+)
+from chatkit.chat import plan
+from chatkit.grammar import checks, schema_check
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -88,3 +102,58 @@ def test_more_threads_than_sequences_wait_instead_of_failing(smol: Model) -> Non
         t.join()
     assert errors == [] and len(texts) == 3 * smol.n_seq_max
     assert smol.free_seqs() == smol.n_seq_max
+
+
+# ------------------------------------------------------------------ bounded caches
+def test_every_function_cache_is_bounded_or_holds_one_value() -> None:
+    """A ``functools`` cache keyed by its arguments states a ``maxsize``; only one without
+    arguments (one value: a library handle, a tokenizer) may be unbounded."""
+    unbounded = []
+    for info in pkgutil.walk_packages(chatkit.__path__, "chatkit."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if not hasattr(obj, "cache_parameters") or obj.__module__ != module.__name__:
+                continue
+            if obj.cache_parameters()["maxsize"] is None \
+                    and inspect.signature(obj.__wrapped__).parameters:
+                unbounded.append(f"{module.__name__}.{name}")
+    assert unbounded == []
+
+
+def test_compiled_grammars_are_kept_up_to_their_bound(smol: Model,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = plan.grammar_cache(smol)
+    monkeypatch.setattr(cache, "bound", 3)
+
+    def send(i: int) -> int:
+        before = plan.COMPILES.read()[0]
+        Conversation(smol).send("Say it.", schema={"const": f"v{i}"}, max_tokens=8)
+        return plan.COMPILES.read()[0] - before
+
+    for i in range(5):
+        assert send(i) == 1
+        assert len(cache) <= 3
+    assert send(4) == 0  # among the three most recent: kept
+    assert send(0) == 1  # dropped past the bound: compiled again
+
+
+def test_checked_schemas_are_remembered_up_to_their_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schema_check, "MAX_CHECKED", 3)
+    for i in range(7):
+        Constraint.json_schema({"type": "string", "maxLength": 100 + i})
+        assert len(schema_check._checked_keys) <= 3
+
+
+def test_value_verdicts_are_remembered_up_to_their_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checks, "MAX_MEMO", 3)
+    c = Constraint.json_schema({"type": "array", "items": {"type": "integer"},
+                                "uniqueItems": True})
+    assert c.checks is not None
+    check = c.checks.checks[0]
+    for i in range(7):
+        c.checks.passes(check, f"[{i},{i}]".encode())
+        assert len(c.checks._memo) <= 3

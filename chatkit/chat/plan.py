@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -466,14 +467,53 @@ class CompileStats:
 COMPILES = CompileStats()
 
 
+MAX_GRAMMARS = 128
+"""Most compiled grammars kept per engine (schemas, tool sets, Lark and regex
+constraints: a server's clients send new ones): the least recently used is dropped past
+it, and compiled again if it comes back."""
+
+
+class GrammarCache:
+    """One engine's compiled grammars, least recently used dropped past ``bound``
+    (:data:`MAX_GRAMMARS`); thread-safe (a compile runs outside the lock: two threads asking
+    for the same new key may both compile it, and the second result is kept)."""
+
+    def __init__(self, bound: int | None = None) -> None:
+        self.bound = MAX_GRAMMARS if bound is None else bound
+        self._lock = threading.Lock()
+        self._items: OrderedDict[Any, Constraint] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Any, build: Callable[[], Constraint]) -> tuple[Constraint, bool]:
+        """The grammar under ``key``, built (and kept) when absent; and whether it was kept
+        already."""
+        with self._lock:
+            made = self._items.get(key)
+            if made is not None:
+                self._items.move_to_end(key)
+                return made, True
+        made = build()
+        with self._lock:
+            self._items[key] = made
+            self._items.move_to_end(key)
+            while len(self._items) > self.bound:
+                self._items.popitem(last=False)
+        return made, False
+
+
+def grammar_cache(engine: Vocabulary) -> GrammarCache:
+    """``engine``'s compiled grammars (one :class:`GrammarCache` per engine)."""
+    return engine.cache(("chatkit.grammars",), GrammarCache)
+
+
 def _compiled(engine: Vocabulary, key: Any, build: Callable[[], Constraint],
               what: str) -> Constraint:
-    """A grammar compiled once per engine and key (logged: compile time, or a cache hit)."""
-    hit = True
+    """A grammar compiled once per engine and key while it stays among the
+    :data:`MAX_GRAMMARS` most recently used (logged: compile time, or a cache hit)."""
 
     def timed() -> Constraint:
-        nonlocal hit
-        hit = False
         started = time.perf_counter()
         made = build()
         took = time.perf_counter() - started
@@ -481,7 +521,7 @@ def _compiled(engine: Vocabulary, key: Any, build: Callable[[], Constraint],
         _log.debug("%s compiled in %.1f ms", what, took * 1000)
         return made
 
-    made = engine.cache(key, timed)
+    made, hit = grammar_cache(engine).get(key, timed)
     if hit:
         _log.debug("%s: cache hit", what)
     return made

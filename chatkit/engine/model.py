@@ -433,7 +433,8 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
         return f"Model({self.path.name!r}, n_vocab={self.n_vocab}, n_ctx={self.n_ctx})"
 
     def cache(self, key: Any, build: Callable[[], V]) -> V:
-        """Memoise ``build()`` under ``key`` for the lifetime of this model."""
+        """Memoise ``build()`` under ``key`` for the lifetime of this model (unbounded: see
+        :meth:`chatkit.engine.vocab.Vocab.cache`)."""
         return self.vocab.cache(key, build)
 
     # ------------------------------------------------------------- vocabulary

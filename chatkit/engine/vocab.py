@@ -266,7 +266,10 @@ class Vocab:
         return self.path.name
 
     def cache(self, key: Any, build: Callable[[], V]) -> V:
-        """Memoise ``build()`` under ``key`` for the lifetime of this vocabulary."""
+        """Memoise ``build()`` under ``key`` for the lifetime of this vocabulary. Unbounded:
+        for keys from a fixed set (tokenizer views per stop token, a dialect's markup, the
+        engine loop, the grammar cache); what client input keys (compiled grammars) lives
+        in a bounded cache of its own kept here (``chatkit.chat.plan.GrammarCache``)."""
         if key not in self._cache:
             self._cache[key] = build()
         return self._cache[key]  # type: ignore[no-any-return]

@@ -46,6 +46,9 @@ T = TypeVar("T")
 
 _log = logging.getLogger("chatkit")
 
+MAX_MEMO = 4096
+"""Most value verdicts a schema's checks remember (:meth:`Checks.passes`)."""
+
 UnknownFormats = Literal["annotate", "refuse"]
 """What to do with a ``format`` neither llguidance nor ``jsonschema`` knows: JSON Schema
 makes formats annotations (``annotate``: accepted, logged), or ``refuse`` the schema."""
@@ -173,7 +176,8 @@ class Checks:
         return [c for c in self.checks if c.matches(path)]
 
     def passes(self, check: Check, text: bytes) -> bool:
-        """Whether the complete value ``text`` passes ``check`` (memoised per value)."""
+        """Whether the complete value ``text`` passes ``check`` (memoised per value: at most
+        :data:`MAX_MEMO` values per schema, then the memo starts again empty)."""
         key = (id(check), text.decode("utf-8", "replace"))
         hit = self._memo.get(key)
         if hit is None:
@@ -182,7 +186,7 @@ class Checks:
             except ValueError:  # e.g. an integer past Python's digit limit (digits=None)
                 return False
             hit = bool(self._for(check.node).is_valid(value))
-            if len(self._memo) > 4096:
+            if len(self._memo) >= MAX_MEMO:
                 self._memo.clear()
             self._memo[key] = hit
         return hit

@@ -365,7 +365,8 @@ def _to_regex(edges: list[dict[int, list[int]]], accept: list[bool], cuts: list[
 def without_lookarounds(pattern: str) -> str | None:
     """``pattern`` without its lookarounds, as a regex for the same set of values
     (anchored: ``^...$``), or None: it has none, or they are not at the value's edges, or
-    it is past this module's limits (see the module docstring). Bounded cache."""
+    it is past this module's limits (see the module docstring). Cached: the 256 most
+    recently asked patterns."""
     if "(?" not in pattern:
         return None
     try:

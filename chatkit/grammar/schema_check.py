@@ -47,6 +47,7 @@ def load_jsonschema() -> Any:
 
 @functools.lru_cache(maxsize=256)
 def _meta_validator(cls: Any) -> Any:
+    """``cls``'s meta-schema validator (one per validator class: a handful; at most 256)."""
     meta = load_jsonschema().validators.validator_for(cls.META_SCHEMA, default=cls)
     return meta(cls.META_SCHEMA, format_checker=meta.FORMAT_CHECKER)
 
@@ -57,7 +58,8 @@ def _fast_meta_check(cls: Any) -> MetaCheck | None:
     2019-09+ ``$dynamicRef`` and vocabularies), compiled once. True only when
     ``_meta_validator(cls)`` surely finds no error: the same format checker (so a ``pattern``
     is still compiled by ``re``); in doubt (a float where an integer is wanted, objects under
-    ``uniqueItems``) it says False and jsonschema's check decides."""
+    ``uniqueItems``) it says False and jsonschema's check decides. Cached per validator class
+    (a handful; at most 256)."""
     meta = cls.META_SCHEMA
     try:
         return _MetaCheckBuilder(meta, _meta_validator(cls).format_checker).schema(meta)
@@ -127,6 +129,9 @@ def _fast_draft7_check() -> MetaCheck | None:
         return None
 
 
+MAX_CHECKED = 4096
+"""Most schemas remembered as checked (canonical JSON keys); past it the memo starts
+again empty (a schema seen again is checked again)."""
 _checked_keys: dict[str, None] = {}
 
 
@@ -176,7 +181,7 @@ _UNICODE_PROPERTY = re.compile(r"\\[pP]\{")
 
 
 def _remember_checked(key: str) -> None:
-    if len(_checked_keys) > 4096:
+    if len(_checked_keys) >= MAX_CHECKED:
         _checked_keys.clear()
     _checked_keys[key] = None
 

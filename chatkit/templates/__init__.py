@@ -295,6 +295,7 @@ class _SpecialIndex:
 
 @functools.lru_cache(maxsize=8)
 def _index(specials: tuple[str, ...]) -> _SpecialIndex:
+    """The index of ``specials`` (one per vocabulary's special texts; at most 8 kept)."""
     return _SpecialIndex(tuple(dict.fromkeys((*COMMON_SPECIAL_TEXTS, *specials))))
 
 

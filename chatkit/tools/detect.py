@@ -152,6 +152,8 @@ def _match(rendered: str, calls: Sequence[ToolCall]) -> Dialect | None:
 
 @functools.lru_cache(maxsize=64)
 def _detect(source: str) -> Dialect | str | None:
+    """The dialect ``source`` (a template) renders calls in (the 64 most recent templates
+    kept)."""
     template = ChatTemplate.from_string(source, name="probe")
     for as_text in (False, True):
         one = _probe(template, PROBE_CALLS[:1], as_text=as_text)
@@ -223,7 +225,8 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
 @functools.lru_cache(maxsize=64)
 def _forced(source: str, tool_format: str) -> Dialect:
     """``tool_format``'s record as the template lays the turn out (once per template and
-    format; a format other than the template's own is logged, once)."""
+    format, the 64 most recent pairs kept; a format other than the template's own is logged,
+    once)."""
     chosen = DIALECTS[tool_format]
     template = ChatTemplate.from_string(source, name="forced")
     rendered = _detect(source)
@@ -246,7 +249,8 @@ def dialect_of_history(engine: Vocabulary, template: ChatTemplate) -> Dialect | 
 
 @functools.lru_cache(maxsize=64)
 def _say_generic(name: str) -> None:
-    """Logged once per template: tools through the generic fallback."""
+    """Logged once per template (of the 64 most recent): tools through the generic
+    fallback."""
     _log.info("tools: template %r has no tool syntax: the tools are described in the system "
               "turn and calls are written as a JSON envelope (tool_format='generic')", name)
 
