@@ -190,8 +190,8 @@ class Sampler:
     @property
     def rng(self) -> np.random.Generator:
         """The sampling RNG (``params.seed``), made at the first sampled token: a greedy
-        sampler never needs it, and ``numpy.random``'s import (~5-9 ms) is on the path to a
-        process's first token."""
+        sampler never needs it, and ``numpy.random``'s import is on the path to a process's
+        first token."""
         if self._rng is None:
             self._rng = np.random.default_rng(self.params.seed)
         return self._rng
@@ -250,7 +250,7 @@ class Sampler:
         Exact: the mask only sets tokens to -inf and penalties map -inf to -inf, so an
         allowed maximum of the whole row (lowest id among ties) is also the maximum of
         the masked row. A grammar usually allows the model's favourite token, so the
-        full mask (~0.1-0.5 ms inside free strings) is computed only when it does not.
+        full mask (the costly part inside free strings) is computed only when it does not.
         """
         if self.params.has_penalties and history:
             _apply_penalties(row, history, self.params)

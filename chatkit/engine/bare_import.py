@@ -3,8 +3,8 @@ bindings (``engine/lowlevel.py``) and llguidance's Rust extension.
 
 Both packages' ``__init__`` import far more than chatkit uses, on the path to a new process's
 first token (``bench coldstart``; a verdict lane pays it once per decision):
-llama-cpp-python's pulls in its high-level ``Llama`` (~0.1 s), llguidance's
-``importlib.metadata`` for its ``__version__`` and its grammar converters (~45 ms, in the
+llama-cpp-python's pulls in its high-level ``Llama``, llguidance's
+``importlib.metadata`` for its ``__version__`` and its grammar converters (in the
 GIL-bound chain that builds llguidance's tokenizer while the weights load).
 
 A submodule is imported under a bare stand-in for its package, which is taken out of

@@ -2,14 +2,13 @@
 
 llama.cpp's CPU backend computes with OpenMP, and libgomp keeps a team of worker
 threads per thread that has started a parallel region, for as long as that thread
-lives. Two live teams fight over the cores: measured here (2 cores, SmolLM2), a
-one-token decode took 9 ms while only one thread had ever decoded and 19-26 ms once a
-second, idle, thread had decoded once. So every ``Model.decode`` (the engine loop's
-steps, ``send_batch``, speculation, ``generate``) runs on this one thread, whichever
-thread asks; the caller waits (a hop, ~0.1-0.2 ms here, against a forward pass's
-milliseconds). The engine loops run here too, one step of each in turn, between
-calls from other threads, so their steps need no hop at all. Benchmarks that drive
-another llama.cpp wrapper in the same process run it here too
+lives. Two live teams fight over the cores: a one-token decode took twice as long or
+more once a second, idle, thread had decoded once (docs/benchmarks.md has the figures).
+So every ``Model.decode`` (the engine loop's steps, ``send_batch``, speculation,
+``generate``) runs on this one thread, whichever thread asks; the caller waits (a hop,
+small against a forward pass). The engine loops run here too, one step of each in
+turn, between calls from other threads, so their steps need no hop at all. Benchmarks
+that drive another llama.cpp wrapper in the same process run it here too
 (:func:`run_on_compute`), so both use the same team.
 """
 

@@ -2,7 +2,7 @@
 
 ``import llama_cpp`` runs the package's ``__init__``, which imports the high-level ``Llama``
 too: its chat formats (jinja2, numpy), its prompt caches (diskcache, sqlite3),
-multiprocessing, uuid... about 0.1 s of a new process's start that chatkit, which uses only
+multiprocessing, uuid... a measurable share of a new process's start that chatkit, which uses only
 the C API, never needs (``bench coldstart``: a verdict lane pays it once per decision).
 
 :data:`llama_cpp` here is the bindings module ``llama_cpp.llama_cpp`` itself (the same

@@ -3,10 +3,10 @@
 JSON Schema (a dict, JSON text or a Pydantic model), regex or Lark; compiled
 and refused (by name) before the first token, then bound to a ``Model``:
 the llguidance tokenizer is built from the model's vocabulary once per model
-and stop token (~0.1 s at 49k vocab, ~0.6 s at 262k) and cached on the model.
+and stop token (its cost grows with the vocabulary) and cached on the model.
 llguidance itself is imported where it is used, not with this module: ``Model.load``
-imports it while llama.cpp loads the weights (it costs ~25 ms, and ``import chatkit``
-comes before the load).
+imports it while llama.cpp loads the weights (``import chatkit`` comes before the load;
+the figures are in docs/benchmarks.md, "Cold start").
 
 Masks cover the model's whole vocabulary: ids llama.cpp marks unused or
 undefined (padding) are permanently forbidden, control tokens are never

@@ -2,7 +2,7 @@
 
 A grammar with a ``maxLength`` string (``wants_slices``) masks much faster inside such
 strings with the sliced tokenizer (``chatkit.engine.vocab.LLG_SLICES``), but building it
-costs ~0.35 s at Gemma's 262k tokens (~0.05 s at 49k), once per process: on a cold lane's
+costs far more than one mask at a large vocabulary, once per process: on a cold lane's
 only reply that is most of the gap to a peer. So a process starts without it: such
 grammars' masks are counted per vocabulary, and once ``SLICES_AFTER`` of them were made
 without slices (about what the build costs in slower masks, at 262k tokens), the sliced copy

@@ -204,8 +204,8 @@ by name when the template runs, so those do not count)."""
 def _template_code(env: jinja2.Environment, source: str) -> CodeType:
     """jinja2's compiled code of ``source`` (what ``env.from_string`` compiles), from the
     disk cache when a previous process compiled the same text (as jinja2's own bytecode
-    cache does for loaded templates): compiling takes 5-10 ms for chatkit's bundled
-    templates and tens of ms for large GGUF ones, on the path to a process's first token."""
+    cache does for loaded templates): compiling is a visible share of a process's first
+    token, more so for large GGUF templates."""
     setup = (type(env).__qualname__, env.sandboxed, sorted(env.extensions), env.trim_blocks,
              env.lstrip_blocks, env.autoescape, env.keep_trailing_newline, env.newline_sequence,
              env.block_start_string, env.block_end_string, env.variable_start_string,
