@@ -46,8 +46,8 @@ import httpx
 from ..engine.protocols import GenerateRequest, GenerateResult, Vocabulary
 from ..engine.vocab_holder import HoldsVocabulary
 from ..errors import InvalidParameter, RemoteError, RemoteUnsupported
-from .dialects import DIALECTS, Capabilities, LlamaServer, finish_result, refusal
-from .dialects import LLAMA_SERVER_GBNF as LLAMA_SERVER_GBNF
+from .servers import KINDS, Capabilities, LlamaServer, finish_result, refusal
+from .servers import LLAMA_SERVER_GBNF as LLAMA_SERVER_GBNF
 
 __all__ = ["RemoteEngine"]
 
@@ -81,13 +81,13 @@ class RemoteEngine(HoldsVocabulary):
                  api_key: str | None = None, n_ctx: int = 4096, timeout: float = 300.0,
                  retries: int = 3, backoff: float = 0.5, max_connections: int = 64,
                  async_client: httpx.AsyncClient | None = None) -> None:
-        if kind not in DIALECTS:
-            raise InvalidParameter("kind", f"one of {', '.join(DIALECTS)}, not {kind!r}")
+        if kind not in KINDS:
+            raise InvalidParameter("kind", f"one of {', '.join(KINDS)}, not {kind!r}")
         if n_ctx < 2:
             raise InvalidParameter("n_ctx", f"must be >= 2, got {n_ctx}")
         self.base_url = base_url.rstrip("/")
         self.kind = kind
-        self.dialect = DIALECTS[kind](kind)
+        self.dialect = KINDS[kind](kind)
         self.model = model
         self._hold(vocab)
         self.retries = retries

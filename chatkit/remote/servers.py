@@ -168,7 +168,7 @@ Tokenize = Callable[[str], list[int]]
 """Plain-text tokenization with the engine's vocabulary (for servers that answer text)."""
 
 
-class Dialect:
+class ServerKind:
     """A kind of server: where requests go (``path``), their body, how the answer reads,
     and what the server enforces (``capabilities``). Token-prompt dialects stream token ids
     when ``streams_tokens``."""
@@ -195,7 +195,7 @@ class Dialect:
         raise NotImplementedError
 
 
-class Completions(Dialect):
+class Completions(ServerKind):
     """vLLM's ``/v1/completions`` with token ids in and out (``chatkit serve`` too)."""
 
     path = "/v1/completions"
@@ -220,7 +220,7 @@ class Completions(Dialect):
                              int(usage.get("prompt_tokens", len(request.prompt))), int(cached))
 
 
-class SGLang(Dialect):
+class SGLang(ServerKind):
     """SGLang's native ``/generate`` (``input_ids``, ``ebnf`` with ``%llguidance``)."""
 
     path = "/generate"
@@ -243,7 +243,7 @@ class SGLang(Dialect):
                              int(meta.get("cached_tokens", 0)))
 
 
-class LlamaServer(Dialect):
+class LlamaServer(ServerKind):
     """llama.cpp's ``/completion``: llguidance Lark when built with it (asked once, by
     :meth:`probe_body`), else JSON schemas through its own converter."""
 
@@ -293,7 +293,7 @@ class LlamaServer(Dialect):
         return finish_result(where, tokens, reason, request, prompt_tokens, cached)
 
 
-class Chat(Dialect):
+class Chat(ServerKind):
     """``/v1/chat/completions`` with messages (the server renders its own template) and a
     JSON schema as ``response_format`` (llama-cpp-python's server)."""
 
@@ -332,7 +332,7 @@ class OpenAIChat(Chat):
                 "json_schema": {"name": "answer", "strict": True, "schema": schema}}
 
 
-DIALECTS: dict[str, type[Dialect]] = {
+KINDS: dict[str, type[ServerKind]] = {
     "vllm": Completions, "chatkit": Completions, "sglang": SGLang,
     "llama-server": LlamaServer, "openai": OpenAIChat, "llama-cpp-python": Chat}
 """The dialect of each kind of server (``RemoteEngine(kind=...)``)."""
