@@ -1,6 +1,6 @@
 """On a GPU build only (skipped elsewhere): the same contracts with every layer offloaded.
 
-Run by ``tools/gpu/run.sh`` on a machine with an NVIDIA GPU and llama-cpp-python built
+Run by ``scripts/gpu/run.sh`` on a machine with an NVIDIA GPU and llama-cpp-python built
 with CUDA (``CMAKE_ARGS="-DGGML_CUDA=on"``). Each check holds on any GPU build: valid
 replies, a batch, the engine loop; speeds are printed by ``bench/placement.py``, not
 asserted.

