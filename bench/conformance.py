@@ -27,7 +27,7 @@ import llguidance
 import numpy as np
 
 from chatkit import ChatkitError, Constraint, Model, SchemaInvalid
-from chatkit.grammar import schema_check as schema_module
+from chatkit.grammar import meta_schema as schema_module
 from chatkit.grammar.schema import json_options
 
 ROOT = Path(__file__).resolve().parent.parent

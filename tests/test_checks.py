@@ -32,8 +32,8 @@ from chatkit import (
 )
 from chatkit.decode.decoding import Decoder
 from chatkit.decode.sampling import Sampler
-from chatkit.grammar.checks import Checks
 from chatkit.grammar.guard import Scan
+from chatkit.grammar.value_checks import Checks
 from chatkit.remote.engine import RemoteEngine
 
 from .helpers import Biased, chat_prompt, free_port

@@ -227,13 +227,13 @@ def test_bound_ref_schemas_check_their_first_mask_not_a_byte_level_copy(
     matcher (its first mask, kept for the first step), not by compiling it again over a byte
     tokenizer; a cycle without a base case is still refused by name."""
     from chatkit import SchemaInvalid
-    from chatkit.grammar import schema, schema_check
+    from chatkit.grammar import meta_schema, schema
 
     def no_byte_level_check(grammar: str) -> str | None:
         raise AssertionError("the bound path compiled the grammar over the byte tokenizer")
 
     monkeypatch.setattr(schema, "grammar_problem", no_byte_level_check)
-    schema_check._checked_keys.clear()
+    meta_schema._checked_keys.clear()
     with pytest.raises(SchemaInvalid, match="admits no text") as info:
         Constraint.json_schema(CYCLE, model=smol)
     assert info.value.path == ""

@@ -23,7 +23,7 @@ from chatkit import (
     Model,
 )
 from chatkit.chat import plan
-from chatkit.grammar import checks, schema_check
+from chatkit.grammar import meta_schema, value_checks
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -141,15 +141,15 @@ def test_compiled_grammars_are_kept_up_to_their_bound(smol: Model,
 
 def test_checked_schemas_are_remembered_up_to_their_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schema_check, "MAX_CHECKED", 3)
+    monkeypatch.setattr(meta_schema, "MAX_CHECKED", 3)
     for i in range(7):
         Constraint.json_schema({"type": "string", "maxLength": 100 + i})
-        assert len(schema_check._checked_keys) <= 3
+        assert len(meta_schema._checked_keys) <= 3
 
 
 def test_value_verdicts_are_remembered_up_to_their_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checks, "MAX_MEMO", 3)
+    monkeypatch.setattr(value_checks, "MAX_MEMO", 3)
     c = Constraint.json_schema({"type": "array", "items": {"type": "integer"},
                                 "uniqueItems": True})
     assert c.checks is not None

@@ -285,7 +285,7 @@ def test_fast_meta_check_agrees_with_jsonschema(monkeypatch: pytest.MonkeyPatch)
     jsonschema's message and JSON pointer; a valid schema is accepted without jsonschema."""
     import jsonschema
 
-    from chatkit.grammar import schema_check
+    from chatkit.grammar import meta_schema
 
     docs = _corrupted()
     assert len(docs) > 1000
@@ -293,25 +293,25 @@ def test_fast_meta_check_agrees_with_jsonschema(monkeypatch: pytest.MonkeyPatch)
     for doc in docs:
         for cls in (jsonschema.Draft4Validator, jsonschema.Draft6Validator,
                     jsonschema.Draft7Validator):
-            if schema_check._surely_valid(cls, doc):
+            if meta_schema._surely_valid(cls, doc):
                 accepted += 1
-                assert schema_check._meta_validator(cls).is_valid(doc), (cls.__name__, doc)
-        if isinstance(doc, dict) and schema_check._surely_valid_draft7(doc):  # without jsonschema
+                assert meta_schema._meta_validator(cls).is_valid(doc), (cls.__name__, doc)
+        if isinstance(doc, dict) and meta_schema._surely_valid_draft7(doc):  # without jsonschema
             accepted_draft7 += 1
-            assert schema_check._meta_validator(jsonschema.Draft7Validator).is_valid(doc), doc
+            assert meta_schema._meta_validator(jsonschema.Draft7Validator).is_valid(doc), doc
     assert accepted > 500 and accepted_draft7 > 200  # the fast paths are taken, not just safe
     for base in _META_BASES:
         cls = jsonschema.validators.validator_for(base, default=jsonschema.Draft7Validator)
-        assert schema_check._surely_valid(cls, base)
+        assert meta_schema._surely_valid(cls, base)
 
-    schema_check._checked_keys.clear()
+    meta_schema._checked_keys.clear()
     fast = [_refusal_of(doc) for doc in docs]
-    schema_check._checked_keys.clear()
-    monkeypatch.setattr(schema_check, "_surely_valid", lambda cls, doc: False)
-    monkeypatch.setattr(schema_check, "_surely_valid_draft7", lambda doc: False)
+    meta_schema._checked_keys.clear()
+    monkeypatch.setattr(meta_schema, "_surely_valid", lambda cls, doc: False)
+    monkeypatch.setattr(meta_schema, "_surely_valid_draft7", lambda doc: False)
     assert fast == [_refusal_of(doc) for doc in docs]  # same acceptance, message and pointer
     assert sum(r is not None for r in fast) > 100
-    schema_check._checked_keys.clear()
+    meta_schema._checked_keys.clear()
 
 
 def test_draft7_check_without_jsonschema_reads_its_meta_schema() -> None:
@@ -319,11 +319,11 @@ def test_draft7_check_without_jsonschema_reads_its_meta_schema() -> None:
     checks them here, and URI formats left to jsonschema when it could check them."""
     import jsonschema
 
-    from chatkit.grammar import schema_check
+    from chatkit.grammar import meta_schema
 
-    assert schema_check._draft7_meta() == jsonschema.Draft7Validator.META_SCHEMA
+    assert meta_schema._draft7_meta() == jsonschema.Draft7Validator.META_SCHEMA
     checker = jsonschema.Draft7Validator.FORMAT_CHECKER
-    formats = schema_check._LocalFormats()
+    formats = meta_schema._LocalFormats()
     assert formats.uri_checked == ("uri" in checker.checkers)
     for value in ["a+", "(", "[", "\\", 5, None, "x(?P<n>y)"]:
         assert formats.conforms(value, "regex") == checker.conforms(value, "regex"), value

@@ -36,7 +36,6 @@ from ..decode.sampling import LogitProcessor, Logits, Sampler
 from ..engine.kvseqs import common_prefix as common_prefix
 from ..engine.protocols import Engine, GenerateRequest, Vocabulary
 from ..errors import ContextOverflow, InvalidParameter
-from ..grammar.checks import relaxed_schema
 from ..grammar.constraints import Constraint, SchemaArg
 from ..grammar.schema import (
     LoadedSchema,
@@ -46,6 +45,7 @@ from ..grammar.schema import (
     json_options,
     load_schema,
 )
+from ..grammar.value_checks import relaxed_schema
 from ..messages import Message
 from ..templates import ChatTemplate, Segment, fold_system, tokenize_segments
 from ..tools.definition import Tool, check_tools

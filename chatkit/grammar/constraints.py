@@ -30,7 +30,6 @@ from ..engine import bare_import
 from ..engine.protocols import Vocabulary
 from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from . import slices
-from .checks import Checks, UnknownFormats, compile_relaxed
 from .guard import Guard, chosen
 from .limits import native_limits
 from .masks import Prepared, apply_prepared, bit_set, mask_words, prepare_bitmask
@@ -49,6 +48,7 @@ from .schema import (
     schema_refusal,
 )
 from .slices import wants_slices as wants_slices
+from .value_checks import Checks, UnknownFormats, compile_relaxed
 
 __all__ = ["Constraint"]
 
@@ -270,7 +270,7 @@ class Constraint(GrammarSteps):
         self.reader = reader
         self.checks = checks
         """The value checks of what the grammar was relaxed on (None: the grammar enforces
-        the whole schema). See :mod:`chatkit.grammar.checks`."""
+        the whole schema). See :mod:`chatkit.grammar.value_checks`."""
         self._guard: Guard | None = None
         self.rolls_back = True
         """A value check that leaves nothing rolls back (False: it only masks)."""

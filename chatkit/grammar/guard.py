@@ -1,4 +1,5 @@
-"""Value checks while decoding (:class:`Guard`): the other half of :mod:`chatkit.grammar.checks`.
+"""Value checks while decoding (:class:`Guard`): the other half of
+:mod:`chatkit.grammar.value_checks`.
 
 The grammar (relaxed) keeps the committed text a prefix of a JSON document, so a small
 incremental scanner over the committed bytes knows where each value starts and ends, and
@@ -29,8 +30,8 @@ from numpy.typing import NDArray
 
 from ..engine.protocols import Vocabulary
 from ..errors import ChecksExhausted
-from .checks import Checks, matches_from_root
 from .schema_walk import escape
+from .value_checks import Checks, matches_from_root
 
 __all__: list[str] = []
 

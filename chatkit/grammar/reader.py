@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (co
     from pydantic import BaseModel
 
 from ..errors import SchemaViolation
-from .schema_check import load_jsonschema
+from .meta_schema import load_jsonschema
 from .schema_walk import pointer
 
 __all__ = ["SchemaReader"]

@@ -7,7 +7,7 @@ input is ``SchemaInvalid``, a keyword the grammar engine cannot enforce is
 - here: :func:`load_schema` (intake), closing objects (:func:`close_objects`), the
   llguidance compile options (:func:`json_options`), compiling (:func:`json_grammar`,
   :func:`compile_json_schema`) and llguidance's messages as named refusals;
-- :mod:`chatkit.grammar.schema_check`: is the document a valid JSON Schema (its meta-schema);
+- :mod:`chatkit.grammar.meta_schema`: is the document a valid JSON Schema (its meta-schema);
 - :mod:`chatkit.grammar.schema_numbers`: the digit bound on number fields (:func:`bound_numbers`);
 - :mod:`chatkit.grammar.schema_walk`: subschemas and their JSON pointers;
 - :mod:`chatkit.grammar.reader`: :class:`SchemaReader`, the second reader of a reply's final
@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (co
 from ..engine import bare_import
 from ..errors import SchemaInvalid, SchemaUnsupported
 from .limits import native_limits
+from .meta_schema import check_meta
 from .reader import SchemaReader as SchemaReader
-from .schema_check import check_meta
 from .schema_numbers import NUMBER_DIGITS as NUMBER_DIGITS
 from .schema_numbers import Digits as Digits
 from .schema_numbers import Survey, bounded, survey_of

@@ -15,7 +15,7 @@ Two jobs, both before llguidance compiles a schema:
   :func:`relax_cycle`): a pattern the Rust engine cannot compile (lookarounds,
   backreferences, a mid-pattern ``$``), a pattern whose language llguidance cannot decide
   beside a length bound, and a ``$ref`` cycle with sibling keys become a superset the
-  grammar compiles; :mod:`chatkit.grammar.checks` checks the removed part at the value's
+  grammar compiles; :mod:`chatkit.grammar.value_checks` checks the removed part at the value's
   end (``jsonschema``: Python's ``re``, which reads lookarounds and backreferences as
   ECMA-262 does).
 """

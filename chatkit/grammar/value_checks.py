@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from ..errors import SchemaUnsupported
-from .schema_check import load_jsonschema
+from .meta_schema import load_jsonschema
 from .schema_rewrite import relax_cycle, relax_named_patterns, relax_patterns
 from .schema_walk import (
     DATA_KEYWORDS,
