@@ -210,6 +210,7 @@ def test_lookarounds_at_a_values_edges_become_a_plain_regex(pattern: str) -> Non
     r"(?!ab)[a-z]{3}$",  # a lookahead without ^: any position
     r"^(a)(?=\1)",  # a backreference
     r"^(?i)(?!a)b$",  # a flag
+    r"(?i)^(?!a)b$",  # a flag at the start
     r"^(?=.*\d)(?=.*[a-z])(?=.*[A-Z]).{12,}$",  # past the written regex's length
     r"^[a-z]+$",  # nothing to translate
 ])

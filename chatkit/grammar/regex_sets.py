@@ -370,8 +370,10 @@ def without_lookarounds(pattern: str) -> str | None:
     if "(?" not in pattern:
         return None
     try:
-        items = list(sre_parse.parse(pattern))
-        return _translate(items)
+        parsed = sre_parse.parse(pattern)
+        if parsed.state.flags & ~sre.SRE_FLAG_UNICODE:  # (?i), (?s), (?x)...: not read here
+            return None
+        return _translate(list(parsed))
     except (Unsupported, re.error, RecursionError, ValueError, OverflowError):
         return None  # re's own parse errors included: the check (and its error) decides
 
