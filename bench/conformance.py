@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import llguidance
+import llguidance.numpy
 import numpy as np
 
 from chatkit import ChatkitError, Constraint, Model, SchemaInvalid
