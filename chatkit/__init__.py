@@ -41,12 +41,12 @@ from .errors import (
 if TYPE_CHECKING:
     from .chat.batch import BatchItem, asend_batch, send_batch
     from .chat.conversation import Conversation
+    from .chat.options import TurnOptions
     from .chat.partial import FieldEvent, Partial
     from .chat.quorum import QuorumOptions, QuorumResult, aquorum, quorum
     from .chat.runner import AsyncReplyStream, ReplyStream
     from .chat.scheduler import EngineLoop, Ticket, engine_loop
     from .decode.decoding import Generation, generate
-    from .decode.options import TurnOptions
     from .decode.sampling import (
         CheckingProcessor,
         DraftAwareProcessor,
@@ -74,12 +74,12 @@ if TYPE_CHECKING:
     from .remote.engine import RemoteEngine
     from .templates import ChatTemplate, Segment
     from .tools import ModelRetry, Tool, ToolDefinition, tool
-    from .tools.agent import ToolResult, execute_calls
+    from .tools.execute import ToolResult, execute_calls
     from .tools.mcp import MCPToolset
 
 _LAZY = {
-    "ToolResult": "tools.agent",
-    "execute_calls": "tools.agent",
+    "ToolResult": "tools.execute",
+    "execute_calls": "tools.execute",
     "BuildInfo": "engine.backends",
     "Device": "engine.backends",
     "BatchItem": "chat.batch",
@@ -141,7 +141,7 @@ _LAZY = {
     "Tool": "tools",
     "ToolDefinition": "tools",
     "tool": "tools",
-    "TurnOptions": "decode.options",
+    "TurnOptions": "chat.options",
 }
 
 

@@ -1,6 +1,7 @@
 """Conversations and turns: the layer users call.
 
-Job: ``Conversation`` (send / stream / run over plan + runner), a turn's plan (template,
+Job: ``Conversation`` (send / stream / run over plan + runner), a call's options resolved
+(``options``), the agent loop behind ``run`` (``agent``), a turn's plan (template,
 tokens, cached grammar), the ``Turn`` that steps it, text emission and the checked
 outcome, partial documents, the engine loop (scheduler) and the runner that is the one
 dispatch on engine kind; lockstep batches and quorum lanes.

@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Unpack, cast, overload
 
-from ..decode.options import TurnOptions, check_options
 from ..decode.sampling import LogitProcessor
 from ..engine.concurrency import engine_limiter
 from ..engine.protocols import SAFE_PREFILL_CHUNK, Engine, SeqChunk, StepEngine
@@ -25,6 +24,7 @@ from ..errors import ChatkitError, InvalidParameter, SharedProcessorError
 from ..grammar.constraints import Constraint, SchemaArg
 from ..messages import Reply
 from .conversation import Conversation
+from .options import TurnOptions, check_options
 from .plan import MIN_SHARED_PREFIX, common_prefix
 from .runner import Results, run_all
 from .turn import Turn

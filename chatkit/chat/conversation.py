@@ -6,7 +6,7 @@ A turn is planned by :mod:`chatkit.chat.turn` and stepped by the model's engine 
 a remote engine's turns are requests replayed locally. The constraint is
 reset at the start of every assistant turn; the KV cache keeps the
 conversation's prompt, so each turn evaluates only the new suffix. The agent
-loop (``run``/``arun``) lives in :mod:`chatkit.tools.agent` and drives the same turns.
+loop (``run``/``arun``) lives in :mod:`chatkit.chat.agent` and drives the same turns.
 """
 
 from __future__ import annotations
@@ -20,20 +20,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 if TYPE_CHECKING:  # pydantic (~90 ms) and anyio are imported where they are used
     from pydantic import BaseModel
 
-from ..decode.options import (
-    TurnOptions,
-    check_max_tokens,
-    check_options,
-    check_positive,
-    stop_tuple,
-)
+from ..decode.options import check_max_tokens, check_positive, stop_tuple
 from ..decode.sampling import Sampler, SamplingParams
 from ..engine.protocols import Engine
 from ..errors import ContextOverflow, InvalidParameter
 from ..grammar.constraints import Constraint, SchemaArg
 from ..messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from ..templates import ChatTemplate
-from ..tools.agent import ToolResult, arun_agent, run_agent
+from ..tools.execute import ToolResult
+from .agent import arun_agent, run_agent
+from .options import TurnOptions, check_options
 from .plan import THINK_BUDGET, TurnContext, TurnPlan, plan_turn
 from .runner import AsyncReplyStream, ReplyStream, drive, local_engine
 from .turn import KVState, Turn

@@ -23,15 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..decode.options import (
-    CallOptions,
-    Defaults,
-    TurnOptions,
-    check_max_tokens,
-    check_stop,
-    check_stop_in_json,
-    resolve,
-)
+from ..decode.options import check_max_tokens, check_stop
 from ..decode.sampling import LogitProcessor, Logits, Sampler
 from ..engine.kvseqs import common_prefix as common_prefix
 from ..engine.protocols import Engine, GenerateRequest, Vocabulary
@@ -58,6 +50,8 @@ from ..tools.detect import (
 )
 from ..tools.dialects import Dialect
 from ..tools.grammar import markup_for, opening_tokens, tool_grammar
+from ..tools.options import check_stop_in_json
+from .options import CallOptions, Defaults, TurnOptions, resolve
 
 __all__: list[str] = []
 
@@ -183,12 +177,8 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     if text is not None and not isinstance(text, str):
         raise InvalidParameter("text", f"must be a str, not {type(text).__name__}")
     constraint = options.get("constraint")
-    if schema is not None and constraint is not None:
-        raise InvalidParameter("schema", "give schema= or constraint=, not both")
     given_tools = options.get("tools")
     tools = check_tools(given_tools) if given_tools else []
-    if tools and constraint is not None:
-        raise InvalidParameter("constraint", "tools= builds its own grammar")
     opts = resolve(options, Defaults(ctx.sampler, ctx.max_tokens, ctx.stop),
                    constrained=schema is not None or constraint is not None or bool(tools),
                    tool_names=[t.name for t in tools], local=ctx.local,
@@ -202,8 +192,6 @@ def plan_turn(ctx: TurnContext, text: str | None, schema: SchemaArg,
     template, dialect = ctx.template, None
     if tools:
         template, dialect = tool_setup(engine, ctx.template, options.get("tool_format"))
-    elif options.get("tool_format") is not None:
-        raise InvalidParameter("tool_format", "needs tools=")
     stop_token = turn_stop_token(engine, template)
     thinking = (schema is not None or constraint is not None) and not tools \
         and not ctx.no_think and template.supports_thinking

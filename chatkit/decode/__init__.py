@@ -1,7 +1,7 @@
 """Decoding: choosing tokens under a processor, one step at a time.
 
-Job: ``SamplingParams`` and the ``Sampler`` with its processor protocols, per-call options
-checked once (``options``), the ``Decoder`` (plain and speculative verify) with the one
+Job: ``SamplingParams`` and the ``Sampler`` with its processor protocols, the decoding options
+checked (``options``), the ``Decoder`` (plain and speculative verify) with the one
 finish rule, draft sources for speculation.
 
 May import: ``chatkit.errors``, ``chatkit.messages``, ``chatkit.engine``, ``chatkit.grammar``.

@@ -18,21 +18,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..chat.conversation import Conversation
+from ..chat.options import TurnOptions
 from ..chat.plan import THINK_BUDGET, plan_completion
 from ..chat.scheduler import EngineLoop, Ticket
 from ..chat.turn import KVState, Turn
-from ..decode.options import TurnOptions, check_threshold
 from ..decode.sampling import Sampler
 from ..engine.concurrency import run_blocking
 from ..engine.protocols import StepEngine
-from ..errors import ContextOverflow, EngineBusy, Truncated
+from ..errors import ContextOverflow, EngineBusy, RequestError, Truncated
 from ..grammar.constraints import Constraint
 from ..messages import Reply
 from ..templates import ChatTemplate
+from ..tools.options import check_threshold
 from .openai_api import (
     ChatRequest,
     CompletionRequest,
-    RequestError,
     ServerLimits,
     bad,
     usage_body,

@@ -29,11 +29,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..engine.protocols import Vocabulary
-from ..errors import InvalidParameter, TemplateError, ToolFormatUnsupported
+from ..errors import TemplateError, ToolFormatUnsupported
 from ..messages import Message, ToolCall
 from ..templates import ChatTemplate, single_control
 from .derive import derive, probe_render
 from .dialects import DIALECTS, GENERIC, HERMES, Dialect, render_args, render_calls
+from .options import check_tool_format
 
 __all__: list[str] = []
 
@@ -198,9 +199,7 @@ def tool_setup(engine: Vocabulary, template: ChatTemplate,
     Raises ``InvalidParameter`` for an unknown ``tool_format`` and ``ToolFormatUnsupported``
     for a template whose calls match no dialect and none can be derived."""
     if tool_format is not None:
-        if tool_format not in DIALECTS:
-            raise InvalidParameter("tool_format", f"{tool_format!r} is not one of "
-                                   f"{', '.join(DIALECTS)}")
+        check_tool_format(tool_format)
         if not template.mentions_tools and tool_format != GENERIC.name:
             raise ToolFormatUnsupported(template.name, f"tool_format={tool_format!r}, but the "
                                         "template renders no tools, so the model would never "

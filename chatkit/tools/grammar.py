@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..decode.options import TOOL_CHOICES, check_parallel, check_tool_choice
 from ..engine.protocols import Vocabulary
 from ..grammar.schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 from .dialects import ARGS, HERMES, ID, INDEX, NAME, Args, Dialect
+from .options import TOOL_CHOICES, check_parallel, check_tool_choice
 
 __all__: list[str] = []
 
