@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid
+from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid, UsageError
 
 if TYPE_CHECKING:
     from .grammar.constraints import Constraint
@@ -32,13 +32,8 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
-USAGE_EXIT = 2
-
-
-class UsageError(ChatkitError):
-    """Bad command-line usage (unknown flag, two constraints, missing value)."""
-
-    exit_code = USAGE_EXIT
+USAGE_EXIT = UsageError.exit_code
+"""The exit status of a command line the ``chatkit`` command refuses."""
 
 
 class _Parser(argparse.ArgumentParser):

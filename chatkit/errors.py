@@ -71,6 +71,11 @@ raised class's own). The schema field is the endpoint's (``response_format``, th
 Responses API's ``text.format``). A 5xx message is prefixed with the class's name.
 
 Foreign exceptions are translated at the boundary with ``raise ... from exc``.
+
+Outside the tree, not raised by the library's API (so not in ``__all__``): ``UsageError``,
+the ``chatkit`` command's refusal of its command line; ``RequestError``, the HTTP error
+``chatkit serve`` answers with (any exception becomes one at the route); ``MCPToolError``,
+an MCP tool's failed call, which the agent loop shows the model as an error result.
 """
 
 from __future__ import annotations
@@ -439,3 +444,46 @@ class ChecksExhausted(GenerationError):
         self.rollbacks = rollbacks
         self.usage: Any = None
         """The reply's ``chatkit.Usage`` so far (None where no decode loop ran)."""
+
+
+# ------------------------------------------------------------ outside the public tree
+# Errors of one front end each, not raised by the library's API (so not in ``__all__``).
+
+
+class UsageError(InvalidParameter):
+    """The ``chatkit`` command's refusal of its command line (unknown flag, two
+    constraints, missing value): ``InvalidParameter``'s exit code (2)."""
+
+    def __init__(self, message: str) -> None:
+        UserError.__init__(self, message)
+        self.name = "command line"
+
+
+class RequestError(Exception):
+    """An HTTP error in OpenAI's shape, raised and answered inside ``chatkit serve``
+    (``serve.openai_api.translate_error`` makes one of any exception)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class MCPToolError(Exception):
+    """A call the MCP server answered with an error (``isError``), content a text model
+    cannot take, or a result its ``outputSchema`` rejects: the agent loop shows it to the
+    model as an error response, as it does a raising Python tool."""
+
+    def __init__(self, tool: str, message: str) -> None:
+        super().__init__(message)
+        self.tool = tool

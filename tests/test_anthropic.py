@@ -182,7 +182,7 @@ def test_models_in_anthropic_shape(client: Any) -> None:
 def test_pings_while_the_stream_has_nothing_and_leaving_closes_it() -> None:
     import asyncio
 
-    from chatkit.serve.anthropic_routes import with_pings
+    from chatkit.serve.sse import with_pings
 
     closed = []
 

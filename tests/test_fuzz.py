@@ -115,7 +115,8 @@ def test_cli_exits_by_name(args: list[str]) -> None:
 def _parsed_or_refused(body: Any) -> None:
     """What a server request can hold: parsed, or a RequestError (an OpenAI-shaped 4xx)
     naming what is wrong; never another exception (which would be a 500)."""
-    from chatkit.serve.openai_api import RequestError, ServerLimits, parse_chat, parse_completion
+    from chatkit.errors import RequestError
+    from chatkit.serve.openai_api import ServerLimits, parse_chat, parse_completion
 
     for parse in (parse_chat, parse_completion):
         try:

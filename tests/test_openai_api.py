@@ -7,16 +7,15 @@ from typing import Any
 
 import pytest
 
-from chatkit.decode.options import check_tool_choice
-from chatkit.errors import EngineBusy, InvalidParameter, SchemaUnsupported
+from chatkit.errors import EngineBusy, InvalidParameter, RequestError, SchemaUnsupported
 from chatkit.serve.openai_api import (
-    RequestError,
     ServerLimits,
     finish_reason,
     parse_chat,
     parse_completion,
     translate_error,
 )
+from chatkit.tools.options import check_tool_choice
 
 LIMITS = ServerLimits()
 USER = [{"role": "user", "content": "hi"}]

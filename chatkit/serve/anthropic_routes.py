@@ -4,69 +4,30 @@ translation itself is :mod:`.anthropic_api`)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..engine.concurrency import run_blocking
 from ..engine.protocols import StepEngine
-from ..errors import ContextOverflow
+from ..errors import ContextOverflow, RequestError
 from . import anthropic_api
 from .http import guarded, read_body
 from .lanes import Lane, Lanes
 from .openai_api import (
     ChatRequest,
-    RequestError,
     ServerLimits,
     new_id,
     parse_chat,
     translate_error,
 )
+from .sse import NamedEvents, drive
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
 __all__: list[str] = []
-
-_log = logging.getLogger("chatkit.server")
-
-PING_SECONDS = 10.0
-"""A ``ping`` event after this long without one (Claude Code resends a request whose stream
-stays silent through a long prefill)."""
-T = TypeVar("T")
-
-
-async def with_pings(source: AsyncIterator[T], every: float) -> AsyncIterator[T | None]:
-    """``source``'s items, and None whenever ``every`` seconds pass without one; leaving
-    closes ``source`` (which cancels its turns)."""
-    it = aiter(source)
-    pending: asyncio.Future[T] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(it))
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
-                yield None
-                continue
-            finished, pending = pending, None
-            try:
-                item = finished.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        closer = getattr(it, "aclose", None)
-        if closer is not None:
-            await closer()
 
 
 class AnthropicRoutes:
@@ -126,46 +87,14 @@ class AnthropicRoutes:
         lanes = await self._start_messages(req)
         mid = new_id("msg")
         if req.sampling.stream:
-            return StreamingResponse(self._messages_sse(lanes, mid, model),
+            wire = _MessagesWire(anthropic_api.MessageStream(mid, model), self.lanes, lanes)
+            return StreamingResponse(drive(self.lanes, lanes, wire, mid),
                                      media_type="text/event-stream")
         await self.lanes.collect(request, lanes)
         lane = lanes[0]
         usage = anthropic_api.usage_of(self.lanes.usage(lanes))
         return JSONResponse(anthropic_api.message_body(mid, model, lane.reply, lane.text, usage,
                                                        lane.capped, lane.cut()))
-
-    async def _messages_sse(self, lanes: list[Lane], mid: str, model: str
-                            ) -> AsyncIterator[str]:
-        stream = anthropic_api.MessageStream(mid, model)
-        lane = lanes[0]
-        try:
-            for event in stream.start(len(lane.ticket.turn.prompt)):
-                yield event
-            yield stream.ping()  # as Anthropic's stream: a ping after message_start
-            async for item in with_pings(self.lanes.events(lanes), PING_SECONDS):
-                if item is None:  # a long prefill: the client sees the line is alive
-                    yield stream.ping()
-                    continue
-                delta = item[1]
-                if delta is None:
-                    continue
-                if lane.deltas is None:
-                    for event in stream.text(delta):
-                        yield event
-                else:  # markup read as it is written
-                    for event in stream.parts(lane.deltas.feed(delta)):
-                        yield event
-            reply = lane.reply
-            if reply is not None and lane.deltas is not None:
-                for event in stream.parts(lane.deltas.finish(reply)):
-                    yield event
-            usage = anthropic_api.usage_of(self.lanes.usage(lanes))
-            for event in stream.finish(reply, usage, lane.capped):
-                yield event
-        except Exception as exc:  # after the 200 went out: an error event
-            err = translate_error(exc)
-            _log.error("stream %s failed: %s", mid, err.message)
-            yield stream.failed(err)
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the prompt the same body would be rendered
@@ -193,3 +122,30 @@ def _overflow(exc: BaseException) -> ContextOverflow | None:
         if isinstance(e, ContextOverflow):
             return e
     return None
+
+
+class _MessagesWire(NamedEvents):
+    """Anthropic's named events (:class:`anthropic_api.MessageStream`) for
+    :func:`.sse.drive`: ``message_start`` then a ``ping``, as Anthropic's stream."""
+
+    schema_param = "output_config.format"
+
+    def __init__(self, stream: anthropic_api.MessageStream, lanes: Lanes,
+                 running: list[Lane]) -> None:
+        super().__init__(stream)
+        self.stream, self.lanes, self.running = stream, lanes, running
+
+    def start(self) -> Iterator[str]:
+        yield from self.stream.start(len(self.running[0].ticket.turn.prompt))
+        yield self.stream.ping()
+
+    def text(self, i: int, delta: str) -> Iterable[str]:
+        return self.stream.text(delta)
+
+    def finish(self) -> Iterable[str]:
+        lane = self.running[0]
+        usage = anthropic_api.usage_of(self.lanes.usage(self.running))
+        return self.stream.finish(lane.reply, usage, lane.capped)
+
+    def ping(self) -> str:
+        return self.stream.ping()

@@ -9,8 +9,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import RequestError
 from . import anthropic_api
-from .openai_api import MAX_BODY_DEPTH, RequestError, bad, check_body, translate_error
+from .openai_api import MAX_BODY_DEPTH, bad, check_body, translate_error
 
 if TYPE_CHECKING:
     from starlette.requests import Request

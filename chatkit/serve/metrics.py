@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..chat.plan import COMPILES
-from .openai_api import RequestError, finish_reason
+from ..errors import RequestError
+from .openai_api import finish_reason
 
 if TYPE_CHECKING:
     from starlette.requests import Request

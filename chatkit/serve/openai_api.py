@@ -16,15 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..decode.options import TOOL_CHOICES
 from ..decode.sampling import SamplingParams
 from ..errors import (
     ChatkitError,
     InvalidParameter,
+    RequestError,
     ToolDefinitionError,
 )
 from ..messages import FinishReason, Message, Reply, messages_from_openai
 from ..tools.definition import Tool
+from ..tools.options import TOOL_CHOICES
 
 __all__: list[str] = []
 
@@ -52,25 +53,6 @@ class ServerLimits:
     speculative: bool = False
     """Every request's reply is decoded with grammar-drafted speculation (``chatkit serve
     --speculative``): verify steps ride in the engine loop's batched steps."""
-
-
-class RequestError(Exception):
-    """An HTTP error in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
 
 
 def bad(message: str, param: str | None = None, code: str = "invalid_value") -> RequestError:

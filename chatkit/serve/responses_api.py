@@ -15,9 +15,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import RequestError
 from ..messages import Reply
 from .anthropic_api import log_once
-from .openai_api import RequestError, bad, new_id
+from .openai_api import bad, new_id
 
 __all__: list[str] = []
 

@@ -16,13 +16,13 @@ token. A client that disconnects cancels its turns at the next step.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..chat.scheduler import engine_loop
 from ..engine.protocols import StepEngine
+from ..errors import RequestError
 from ..templates import ChatTemplate
 from .anthropic_routes import AnthropicRoutes
 from .http import guarded, http_error, read_body, wants_anthropic
@@ -30,7 +30,6 @@ from .lanes import Lane, Lanes
 from .metrics import metrics_endpoint, open_metrics
 from .openai_api import (
     ChatRequest,
-    RequestError,
     ServerLimits,
     assistant_message,
     chat_logprobs,
@@ -50,6 +49,7 @@ from .responses_api import (
     to_chat_body,
     usage_object,
 )
+from .sse import COMMENT_PING, NamedEvents, OpenAIChunks, drive, sse_data
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -119,7 +119,8 @@ class ChatkitServer:
         lanes = await self.lanes.start(lambda i: self.lanes.plan_chat(req, i), req.sampling.n)
         rid, created = new_id("chatcmpl"), now()
         if req.sampling.stream:
-            return StreamingResponse(self._chat_sse(lanes, rid, created, req),
+            wire = _ChatWire(self, lanes, rid, created, req)
+            return StreamingResponse(drive(self.lanes, lanes, wire, rid),
                                      media_type="text/event-stream")
         await self.lanes.collect(request, lanes)
         choices = []
@@ -129,58 +130,18 @@ class ChatkitServer:
             choices.append({"index": i, "message": assistant_message(reply, text, lane.cut()),
                             "finish_reason": finish_reason(reply.finish_reason)
                             if reply is not None else "length",
-                            "logprobs": self._chat_logprobs(lane, req.sampling)})
+                            "logprobs": self.choice_logprobs(lane, req.sampling)})
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                              "model": self.name, "choices": choices,
                              "usage": self.lanes.usage(lanes)})
 
-    def _chat_logprobs(self, lane: Lane, sampling: Any, *, since: int = 0
+    def choice_logprobs(self, lane: Lane, sampling: Any, *, since: int = 0
                        ) -> dict[str, Any] | None:
         """The choice's ``logprobs`` (tokens from ``since`` on), None when not asked."""
         if sampling.logprobs is None:
             return None
         return {"content": chat_logprobs(self.model, Lanes.logprobs(lane, since)),
                 "refusal": None}
-
-    async def _chat_sse(self, lanes: list[Lane], rid: str, created: int,
-                        req: ChatRequest) -> AsyncIterator[str]:
-        def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> str:
-            logprobs = (self._chat_logprobs(lanes[i], req.sampling,
-                                            since=lanes[i].logprobs_sent)
-                        if "content" in delta or finish is not None else None)
-            return _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                         "model": self.name, "choices": [{"index": i, "delta": delta,
-                                                          "finish_reason": finish,
-                                                          "logprobs": logprobs}]})
-
-        try:
-            for i in range(len(lanes)):
-                yield chunk(i, {"role": "assistant", "content": ""})
-            async for i, delta in self.lanes.events(lanes):
-                lane = lanes[i]
-                if delta is not None:
-                    if lane.deltas is None:
-                        yield chunk(i, {"content": delta})
-                    else:  # markup read as it is written (to the last delta, cut or not)
-                        for part in lane.deltas.feed(delta):
-                            yield chunk(i, part)
-                    continue
-                reply = lane.reply
-                if reply is None:  # cut at max_tokens
-                    yield chunk(i, {}, "length")
-                    continue
-                if lane.deltas is not None:  # what the parsed reply says that was not sent
-                    for part in lane.deltas.finish(reply):
-                        yield chunk(i, part)
-                yield chunk(i, {}, finish_reason(reply.finish_reason))
-            if req.sampling.include_usage:
-                yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                            "model": self.name, "choices": [], "usage": self.lanes.usage(lanes)})
-        except Exception as exc:  # after the 200 went out: an error event, then the end
-            err = translate_error(exc)
-            _log.error("stream %s failed: %s", rid, err.message)
-            yield _sse(err.body())
-        yield "data: [DONE]\n\n"
 
     # ------------------------------------------------------------ responses
     async def responses(self, request: Request) -> Response:
@@ -198,7 +159,9 @@ class ChatkitServer:
             raise translate_error(exc, schema_param="text.format") from exc
         rid, created = new_id("resp"), now()
         if req.sampling.stream:
-            return StreamingResponse(self._responses_sse(lanes, rid, created, raw),
+            wire = _ResponsesWire(ResponseStream(rid, created, self.name, raw),
+                                  lambda: self._responses_usage(lanes), lanes[0])
+            return StreamingResponse(drive(self.lanes, lanes, wire, rid),
                                      media_type="text/event-stream")
         await self.lanes.collect(request, lanes)
         lane, usage = lanes[0], self._responses_usage(lanes)
@@ -218,33 +181,6 @@ class ChatkitServer:
         chat = self.lanes.usage(lanes)
         return usage_object(chat["prompt_tokens"], chat["completion_tokens"],
                             chat["prompt_tokens_details"]["cached_tokens"])
-
-    async def _responses_sse(self, lanes: list[Lane], rid: str, created: int,
-                             raw: Any) -> AsyncIterator[str]:
-        stream = ResponseStream(rid, created, self.name, raw)
-        lane = lanes[0]
-        try:
-            for event in stream.start():
-                yield event
-            async for _, delta in self.lanes.events(lanes):
-                if delta is None:
-                    continue
-                if lane.deltas is None:
-                    for event in stream.delta(delta):
-                        yield event
-                else:  # markup read as it is written (to the last delta, cut or not)
-                    for event in stream.parts(lane.deltas.feed(delta)):
-                        yield event
-            reply = lane.reply
-            if reply is not None and lane.deltas is not None:
-                for event in stream.parts(lane.deltas.finish(reply)):
-                    yield event
-            for event in stream.finish(reply, self._responses_usage(lanes)):
-                yield event
-        except Exception as exc:  # after the 200 went out: response.failed
-            err = translate_error(exc)
-            _log.error("stream %s failed: %s", rid, err.message)
-            yield stream.failed(err)
 
     # ---------------------------------------------------------- completions
     async def completions(self, request: Request) -> Response:
@@ -294,18 +230,98 @@ class ChatkitServer:
                 choice(i, lane.reply.text if lane.reply else lane.text, _lane_finish(lane))
                 for i, lane in enumerate(lanes)], True))
 
-        async def sse() -> AsyncIterator[str]:
-            try:
-                async for i, delta in self.lanes.events(lanes):
-                    finish = None if delta is not None else _lane_finish(lanes[i])
-                    yield _sse(body([choice(i, delta or "", finish)], False))
-                if req.sampling.include_usage:
-                    yield _sse({**body([], True)})
-            except Exception as exc:
-                yield _sse(translate_error(exc, schema_param=param).body())
-            yield "data: [DONE]\n\n"
+        wire = _CompletionWire(
+            param, lambda i, text, finish: body([choice(i, text, finish)], False),
+            lambda: body([], True) if req.sampling.include_usage else None)
+        return StreamingResponse(drive(self.lanes, lanes, wire, rid),
+                                 media_type="text/event-stream")
 
-        return StreamingResponse(sse(), media_type="text/event-stream")
+
+class _ChatWire(OpenAIChunks):
+    """Chat completion chunks (one ``choices`` entry each) for :func:`.sse.drive`."""
+
+    schema_param = "response_format"
+
+    def __init__(self, server: ChatkitServer, lanes: list[Lane], rid: str, created: int,
+                 req: ChatRequest) -> None:
+        self.server, self.lanes, self.rid, self.created, self.req = (
+            server, lanes, rid, created, req)
+
+    def chunk(self, i: int, delta: dict[str, Any], finish: str | None = None) -> str:
+        logprobs = (self.server.choice_logprobs(self.lanes[i], self.req.sampling,
+                                               since=self.lanes[i].logprobs_sent)
+                    if "content" in delta or finish is not None else None)
+        return sse_data({"id": self.rid, "object": "chat.completion.chunk",
+                         "created": self.created, "model": self.server.name,
+                         "choices": [{"index": i, "delta": delta, "finish_reason": finish,
+                                      "logprobs": logprobs}]})
+
+    def start(self) -> list[str]:
+        return [self.chunk(i, {"role": "assistant", "content": ""})
+                for i in range(len(self.lanes))]
+
+    def text(self, i: int, delta: str) -> list[str]:
+        return [self.chunk(i, {"content": delta})]
+
+    def parts(self, i: int, parts: list[dict[str, Any]]) -> list[str]:
+        return [self.chunk(i, part) for part in parts]
+
+    def lane_end(self, i: int, lane: Lane) -> list[str]:
+        return [self.chunk(i, {}, _lane_finish(lane))]
+
+    def finish(self) -> list[str]:
+        if not self.req.sampling.include_usage:
+            return []
+        return [sse_data({"id": self.rid, "object": "chat.completion.chunk",
+                          "created": self.created, "model": self.server.name, "choices": [],
+                          "usage": self.server.lanes.usage(self.lanes)})]
+
+
+class _CompletionWire(OpenAIChunks):
+    """Text completion chunks for :func:`.sse.drive` (plain text lanes: no markup)."""
+
+    def __init__(self, schema_param: str, chunk: Callable[[int, str, str | None], dict[str, Any]],
+                 usage: Callable[[], dict[str, Any] | None]) -> None:
+        self.schema_param, self.chunk, self.usage = schema_param, chunk, usage
+
+    def start(self) -> list[str]:
+        return []
+
+    def text(self, i: int, delta: str) -> list[str]:
+        return [sse_data(self.chunk(i, delta, None))]
+
+    def parts(self, i: int, parts: list[dict[str, Any]]) -> list[str]:
+        raise AssertionError("a completion lane has no markup")
+
+    def lane_end(self, i: int, lane: Lane) -> list[str]:
+        return [sse_data(self.chunk(i, "", _lane_finish(lane)))]
+
+    def finish(self) -> list[str]:
+        usage = self.usage()
+        return [] if usage is None else [sse_data(usage)]
+
+
+class _ResponsesWire(NamedEvents):
+    """The Responses API's events (:class:`ResponseStream`) for :func:`.sse.drive`."""
+
+    schema_param = "text.format"
+
+    def __init__(self, stream: ResponseStream, usage: Callable[[], dict[str, Any]],
+                 lane: Lane) -> None:
+        super().__init__(stream)
+        self.stream, self.usage, self.lane = stream, usage, lane
+
+    def start(self) -> Iterable[str]:
+        return self.stream.start()
+
+    def text(self, i: int, delta: str) -> Iterable[str]:
+        return self.stream.delta(delta)
+
+    def finish(self) -> Iterable[str]:
+        return self.stream.finish(self.lane.reply, self.usage())
+
+    def ping(self) -> str:
+        return COMMENT_PING
 
 
 def _check_model(served: str, name: str | None) -> None:
@@ -316,10 +332,6 @@ def _check_model(served: str, name: str | None) -> None:
 
 def _lane_finish(lane: Lane) -> str:
     return finish_reason(lane.reply.finish_reason) if lane.reply else "length"
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def serve(model: StepEngine, *, name: str, host: str = "127.0.0.1", port: int = 8000,

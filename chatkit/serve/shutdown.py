@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import RequestError
 from . import anthropic_api
 from .http import wants_anthropic
-from .openai_api import RequestError
 
 if TYPE_CHECKING:
     import uvicorn

@@ -73,17 +73,7 @@ class Tool:
         ``function`` is called with the arguments as keywords. Raises
         ``ToolDefinitionError`` when the schema cannot be enforced.
         """
-        if not _NAME.match(name):
-            raise ToolDefinitionError(name, "names are letters, digits, _ . - (max 64)")
-        try:
-            doc = load_schema(parameters).doc
-            if isinstance(doc, dict):
-                doc = closed_objects(doc)  # arguments are closed, as OpenAI's strict tools
-            compile_json_schema(doc)
-        except ChatkitError as exc:
-            raise ToolDefinitionError(name, f"arguments cannot be enforced: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise ToolDefinitionError(name, "the arguments schema must be an object schema")
+        doc = _checked_schema(name, parameters)
         return cls(ToolDefinition(name, description, doc), None, function)
 
     @property
@@ -194,11 +184,15 @@ def _from_function(fn: Callable[..., Any], name: str | None, description: str | 
     return Tool(ToolDefinition(tool_name, summary, schema), args_model, fn, timeout=timeout)
 
 
-def _checked_schema(tool_name: str, cls: type[BaseModel]) -> dict[str, Any]:
+def _checked_schema(tool_name: str, source: type[BaseModel] | dict[str, Any]
+                    ) -> dict[str, Any]:
+    """The arguments' schema of a tool named ``tool_name``, from a Pydantic model or a JSON
+    schema: closed (as OpenAI's strict tools) and compiled once; ``ToolDefinitionError``
+    naming what cannot be enforced."""
     if not _NAME.match(tool_name):
         raise ToolDefinitionError(tool_name, "names are letters, digits, _ . - (max 64)")
     try:
-        doc = load_schema(cls).doc
+        doc = load_schema(source).doc
         if isinstance(doc, dict):
             doc = closed_objects(doc)  # arguments are closed, as OpenAI's strict tools
         compile_json_schema(doc)
@@ -206,7 +200,8 @@ def _checked_schema(tool_name: str, cls: type[BaseModel]) -> dict[str, Any]:
         raise ToolDefinitionError(tool_name, f"arguments cannot be enforced: {exc}") from exc
     except Exception as exc:  # pydantic cannot describe a parameter type
         raise ToolDefinitionError(tool_name, f"unsupported parameter type: {exc}") from exc
-    assert isinstance(doc, dict)
+    if not isinstance(doc, dict):
+        raise ToolDefinitionError(tool_name, "the arguments schema must be an object schema")
     return doc
 
 

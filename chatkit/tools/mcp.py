@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TextIO, TypeVar
 
-from ..errors import InvalidParameter, SchemaViolation, ToolServerError
+from ..errors import InvalidParameter, MCPToolError, SchemaViolation, ToolServerError
 from ..grammar.schema import SchemaReader
 from .definition import Tool
 
@@ -438,16 +438,6 @@ def _wait(future: concurrent.futures.Future[T], timeout: float | None) -> T:
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise TimeoutError(f"no answer within {timeout} s") from None
-
-
-class MCPToolError(Exception):
-    """A call the MCP server answered with an error (``isError``), content a text model
-    cannot take, or a result its ``outputSchema`` rejects: the agent loop shows it to the
-    model as an error response, as it does a raising Python tool."""
-
-    def __init__(self, tool: str, message: str) -> None:
-        super().__init__(message)
-        self.tool = tool
 
 
 def _shutdown(loop: asyncio.AbstractEventLoop | None, stop: asyncio.Event | None,
