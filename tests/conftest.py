@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +58,13 @@ def gemma() -> Iterator[Model]:
 def any_model(request: pytest.FixtureRequest) -> Model:
     """Both tokenizer families: BPE SmolLM2 (49k) and SentencePiece Gemma (262k)."""
     return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Iterator[Any]:
+    """The openai SDK's client of the module's ``server`` fixture (a running
+    ``tests.test_server._Running``); a module with another client defines its own."""
+    from tests.helpers import openai_client
+
+    with openai_client(server.base) as c:
+        yield c

@@ -335,3 +335,42 @@ def load_dev() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def openai_client(base: str, api_key: str = "unused") -> Any:
+    """The openai SDK's client of a server at ``base`` (no retries: a failure is the test's)."""
+    import openai
+
+    return openai.OpenAI(base_url=base + "/v1", api_key=api_key, max_retries=0)
+
+
+def answer_chat_call(client: Any, model: str, choice: Any, call: Any, *, max_tokens: int,
+                     tools: list[dict[str, Any]]) -> Any:
+    """The chat turn after ``choice``'s ``call`` got a result (Oslo's weather), no tools
+    callable: the model answers in text."""
+    return client.chat.completions.create(
+        model=model, temperature=0, max_tokens=max_tokens, tools=tools,
+        tool_choice="none",
+        messages=[{"role": "user", "content": "Weather in Oslo?"},
+                  choice.message.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}])
+
+
+def answer_responses_call(client: Any, model: str, call: Any) -> Any:
+    """The Responses turn after ``call`` got a result (Oslo's weather): input items only."""
+    return client.responses.create(model=model, max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "12 C, rain"}])
+
+
+def stream_responses_call(client: Any, model: str, tool: dict[str, Any], max_output_tokens: int
+                          ) -> tuple[list[str], Any]:
+    """A Responses stream that must call ``tool`` (Rome's weather): its event types and
+    the final response."""
+    with client.responses.stream(model=model, input="Weather in Rome?", tools=[tool],
+                                 tool_choice="required", max_output_tokens=max_output_tokens,
+                                 parallel_tool_calls=False, temperature=0) as stream:
+        kinds = [event.type for event in stream]
+        return kinds, stream.get_final_response()

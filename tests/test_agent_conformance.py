@@ -20,6 +20,7 @@ from chatkit import Model
 from chatkit.serve import anthropic_api
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
+from tests.helpers import openai_client
 from tests.test_server import _Running
 
 anthropic = pytest.importorskip("anthropic")
@@ -75,7 +76,7 @@ def test_a_reply_that_fills_the_context_says_so(client: Any, smol: Model) -> Non
 
 
 def test_openai_max_tokens_beyond_the_room_is_length(server: _Running, smol: Model) -> None:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="k", max_retries=0) as oa:
+    with openai_client(server.base, "k") as oa:
         r = oa.chat.completions.create(
             model="smollm2", max_tokens=500, temperature=0,
             messages=[{"role": "user", "content": "word " * 800}],

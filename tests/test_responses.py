@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from chatkit import Model
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
+from tests.helpers import answer_responses_call, stream_responses_call
 from tests.test_server import _Running
 
 openai = pytest.importorskip("openai")
@@ -37,12 +38,6 @@ def server(smol: Model) -> Iterator[_Running]:
     limits = ServerLimits(max_tokens=512)
     with _Running(ChatkitServer(smol, name=NAME, limits=limits)) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: _Running) -> Iterator[Any]:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def test_create_gives_a_response(client: Any) -> None:
@@ -84,20 +79,12 @@ def test_function_tools_and_their_results(client: Any) -> None:
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
     # the call and its output as input items: the model answers in text (no tools offered)
-    second = client.responses.create(model=NAME, max_output_tokens=16, temperature=0, input=[
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name,
-         "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "12 C, rain"}])
+    second = answer_responses_call(client, NAME, call)
     assert [item.type for item in second.output] == ["message"]
 
 
 def test_streamed_function_call(client: Any) -> None:
-    with client.responses.stream(model=NAME, input="Weather in Rome?", tools=[WEATHER],
-                                 tool_choice="required", max_output_tokens=64,
-                                 parallel_tool_calls=False, temperature=0) as stream:
-        kinds = [event.type for event in stream]
-        final = stream.get_final_response()
+    kinds, final = stream_responses_call(client, NAME, WEATHER, 64)
     assert "response.function_call_arguments.done" in kinds
     # arguments as they are written, after the item (its name) is announced
     assert kinds.count("response.function_call_arguments.delta") > 1

@@ -22,7 +22,7 @@ from chatkit import Model
 from chatkit.chat.scheduler import engine_loop
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
-from tests.helpers import free_port, wait_until_serving
+from tests.helpers import free_port, openai_client, wait_until_serving
 
 openai = pytest.importorskip("openai")
 
@@ -61,12 +61,6 @@ def server(smol: Model) -> Iterator[_Running]:
     limits = ServerLimits(max_body_bytes=200_000, max_tokens=512, max_n=4)
     with _Running(ChatkitServer(smol, name=NAME, limits=limits)) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: _Running) -> Iterator[Any]:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 class Person(BaseModel):
@@ -137,7 +131,7 @@ def test_speculative_server_answers_as_the_plain_one(smol: Model, client: Any) -
     smol.decode = recording  # type: ignore[method-assign]
     try:
         with _Running(ChatkitServer(smol, name=NAME, limits=limits)) as running, \
-                openai.OpenAI(base_url=running.base + "/v1", api_key="x", max_retries=0) as c:
+                openai_client(running.base, "x") as c:
             spec = [c.chat.completions.create(model=NAME, temperature=0, max_tokens=120, **r)
                     for r in requests]
             streamed = "".join(
@@ -607,7 +601,7 @@ def test_chatkit_serve_command(tmp_path: Any) -> None:
         # one KV pool (prefix copies), each request still held to its sequence's share
         health = httpx.get(base + "/health", timeout=10).json()
         assert health["context_per_sequence"] == 1024 and health["sequences"] == 2
-        with openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0) as c:
+        with openai_client(base, KEY) as c:
             r = c.chat.completions.create(model="m", max_tokens=40, temperature=0,
                                           response_format={"type": "json_object"},
                                           messages=[{"role": "user", "content": "JSON please"}])

@@ -14,6 +14,7 @@ import pytest
 from chatkit import ChatTemplate, Model
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
+from tests.helpers import answer_chat_call, answer_responses_call, stream_responses_call
 from tests.test_server import _Running
 
 openai = pytest.importorskip("openai")
@@ -64,11 +65,7 @@ def test_tool_call_then_result_in_the_family_format(client: Any) -> None:
     args = json.loads(call.function.arguments)
     assert call.function.name == "get_weather" and isinstance(args["days"], int)
     assert not any(m in (choice.message.content or "") for m in MARKUP)
-    second = client.chat.completions.create(
-        model=NAME, temperature=0, max_tokens=20, tools=[WEATHER], tool_choice="none",
-        messages=[{"role": "user", "content": "Weather in Oslo?"},
-                  choice.message.model_dump(exclude_none=True),
-                  {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}])
+    second = answer_chat_call(client, NAME, choice, call, max_tokens=20, tools=[WEATHER])
     message = second.choices[0].message
     assert not message.tool_calls
     assert message.content or getattr(message, "reasoning_content", None)  # (cut in thought)
@@ -109,17 +106,9 @@ def test_responses_api_calls_in_the_family_format(client: Any) -> None:
                                     temperature=0)
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city", "days"}
-    second = client.responses.create(model=NAME, max_output_tokens=16, temperature=0, input=[
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name,
-         "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "12 C, rain"}])
+    second = answer_responses_call(client, NAME, call)
     assert [item.type for item in second.output] == ["message"]
-    with client.responses.stream(model=NAME, input="Weather in Rome?", tools=[RESPONSES_WEATHER],
-                                 tool_choice="required", max_output_tokens=400,
-                                 parallel_tool_calls=False, temperature=0) as stream:
-        kinds = [event.type for event in stream]
-        final = stream.get_final_response()
+    kinds, final = stream_responses_call(client, NAME, RESPONSES_WEATHER, 400)
     assert "response.function_call_arguments.done" in kinds
     (call,) = [item for item in final.output if item.type == "function_call"]
     assert set(json.loads(call.arguments)) == {"city", "days"}

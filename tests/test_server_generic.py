@@ -17,6 +17,7 @@ import pytest
 from chatkit import Model
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
+from tests.helpers import answer_chat_call, openai_client
 from tests.test_server import _Running
 from tests.test_server_dialects import WEATHER
 
@@ -34,7 +35,7 @@ def server(gemma: Model) -> Iterator[_Running]:
 
 
 def test_openai_sdk_gets_a_call_and_sends_the_result_back(server: _Running) -> None:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
+    with openai_client(server.base) as c:
         first = c.chat.completions.create(
             model=NAME, temperature=0, max_tokens=200, tools=[WEATHER], tool_choice="required",
             parallel_tool_calls=False, messages=[{"role": "user", "content": "Weather in Oslo?"}])
@@ -44,17 +45,13 @@ def test_openai_sdk_gets_a_call_and_sends_the_result_back(server: _Running) -> N
         assert call.function.name == "get_weather"
         assert set(json.loads(call.function.arguments)) == {"city", "days"}
         assert "tool_calls" not in (choice.message.content or "")
-        second = c.chat.completions.create(
-            model=NAME, temperature=0, max_tokens=30, tools=[WEATHER], tool_choice="none",
-            messages=[{"role": "user", "content": "Weather in Oslo?"},
-                      choice.message.model_dump(exclude_none=True),
-                      {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}])
+        second = answer_chat_call(c, NAME, choice, call, max_tokens=30, tools=[WEATHER])
         reply = second.choices[0].message
         assert not reply.tool_calls and reply.content and "{" not in reply.content[:1]
 
 
 def test_openai_sdk_streams_the_call_in_pieces(server: _Running) -> None:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
+    with openai_client(server.base) as c:
         stream = c.chat.completions.create(
             model=NAME, temperature=0, max_tokens=200, tools=[WEATHER], stream=True,
             tool_choice={"type": "function", "function": {"name": "get_weather"}},

@@ -16,6 +16,7 @@ from chatkit import Model
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
 from chatkit.serve.stream_deltas import ReplyDeltas
+from tests.helpers import openai_client
 from tests.test_server import _Running
 
 openai = pytest.importorskip("openai")
@@ -31,7 +32,7 @@ WEATHER = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def client(smol: Model) -> Iterator[Any]:
     with _Running(ChatkitServer(smol, name=NAME, limits=ServerLimits(max_tokens=512))) as r, \
-            openai.OpenAI(base_url=r.base + "/v1", api_key="unused", max_retries=0) as c:
+            openai_client(r.base) as c:
         yield c
 
 

@@ -16,6 +16,7 @@ from chatkit import Model
 from chatkit.serve import sse
 from chatkit.serve.openai_api import ServerLimits
 from chatkit.serve.server import ChatkitServer
+from tests.helpers import openai_client
 from tests.test_server import _Running
 
 openai = pytest.importorskip("openai")
@@ -57,7 +58,7 @@ def test_chat_stream_pings_and_the_sdk_reassembles_the_call(server: _Running) ->
             "messages": [{"role": "user", "content": ASK}]}
     lines = _raw(server, "/v1/chat/completions", body)
     assert ": ping" in lines and [x for x in lines if x][-1] == "data: [DONE]"
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
+    with openai_client(server.base) as c:
         stream = c.chat.completions.create(**body)
         args, names = "", []
         for chunk in stream:
@@ -75,7 +76,7 @@ def test_responses_stream_pings_and_the_sdk_reassembles_the_call(server: _Runnin
             "stream": True, "max_output_tokens": 64, "parallel_tool_calls": False,
             "input": ASK}
     assert ": ping" in _raw(server, "/v1/responses", body)
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
+    with openai_client(server.base) as c:
         events = list(c.responses.create(**body))
     done = events[-1]
     assert done.type == "response.completed"

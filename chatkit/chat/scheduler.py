@@ -133,6 +133,8 @@ class Ticket:
             self._cond.wait_for(lambda: self.state == "closed", timeout=timeout)
 
     def _take(self, item: Event) -> str | None:
+        """An event's text for the consumer: a delta's text, "" for the reply (recorded
+        here), None once the turn closed; the turn's error is raised."""
         kind, value = item
         if kind == "delta":
             return str(value)
@@ -141,7 +143,7 @@ class Ticket:
             self.reply = value
         elif kind == "error":
             raise value
-        return None
+        return None if kind == "closed" else ""
 
     def deltas(self) -> Iterator[str]:
         """Text deltas as the loop produces them; ``reply`` is set at the end. Raises the
@@ -152,10 +154,9 @@ class Ticket:
                 with self._cond:
                     self._cond.wait_for(lambda: bool(self._events))
                     item = self._events.popleft()
-                if item[0] == "closed":
+                if (delta := self._take(item)) is None:
                     finished = True
                     return
-                delta = self._take(item)
                 if delta:
                     yield delta
         finally:
@@ -184,10 +185,9 @@ class Ticket:
                     else:  # another anyio backend: wait in a worker thread
                         await anyio.to_thread.run_sync(self._wait_event)
                     continue
-                if item[0] == "closed":
+                if (delta := self._take(item)) is None:
                     finished = True
                     return
-                delta = self._take(item)
                 if delta:
                     yield delta
         finally:
