@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from .messages import FinishReason, Message, Reply, Role, TokenLogprob, ToolCall, Usage
     from .remote.engine import RemoteEngine
     from .templates import ChatTemplate, Segment
-    from .tools import ModelRetry, Tool, ToolDefinition, tool
+    from .tools import ModelRetry, Tool, ToolDefinition, ToolLike, Toolset, tool
     from .tools.execute import ToolResult, execute_calls
     from .tools.mcp import MCPToolset
 
@@ -140,6 +140,8 @@ _LAZY = {
     "ModelRetry": "tools",
     "Tool": "tools",
     "ToolDefinition": "tools",
+    "ToolLike": "tools",
+    "Toolset": "tools",
     "tool": "tools",
     "TurnOptions": "chat.options",
 }
@@ -240,8 +242,10 @@ __all__ = [
     "ToolDefinition",
     "ToolDefinitionError",
     "ToolFormatUnsupported",
+    "ToolLike",
     "ToolResult",
     "ToolServerError",
+    "Toolset",
     "Truncated",
     "TurnOptions",
     "Usage",

@@ -22,13 +22,16 @@ from chatkit import (
     ModelRetry,
     RemoteEngine,
     Reply,
+    Tool,
     ToolArgumentsInvalid,
     ToolCall,
     ToolDefinitionError,
+    Toolset,
     execute_calls,
     tool,
 )
 from chatkit.chat.plan import AutoCall
+from chatkit.tools.definition import check_tools
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, opening_tokens, tool_grammar
 from chatkit.tools.parser import parse_calls
 from tests.helpers import Boost, Script, completion
@@ -219,6 +222,29 @@ def test_tool_choice_values_on_the_model(smol: Model) -> None:
     assert len(single.tool_calls) == 1 and single.finish_reason == "tool_calls"
     none = Conversation(smol).send(prompt, tools=BOUNDED, tool_choice="none", max_tokens=30)
     assert none.tool_calls == [] and "<tool_call>" not in none.text
+
+
+class _Kit:
+    """A toolset of the user's own: anything with ``tools()``."""
+
+    def tools(self) -> list[Tool]:
+        return [get_weather, add]
+
+
+def test_a_toolset_stands_for_its_tools(smol: Model) -> None:
+    """``tools=[toolset, ...]`` expands each toolset (MCPToolset, a class of one's own); a
+    function that happens to carry a ``tools`` attribute stays one tool."""
+    assert isinstance(_Kit(), Toolset)
+
+    def lone(x: int) -> int:
+        """A tool."""
+        return x
+
+    lone.tools = lambda: []  # type: ignore[attr-defined]
+    assert [t.name for t in check_tools([_Kit(), lone])] == ["get_weather", "add", "lone"]
+    reply = Conversation(smol).send("Add 2 and 3.", tools=[_Kit()], tool_choice="add",
+                                    parallel_tool_calls=False, max_tokens=ONE_CALL_TOKENS)
+    assert [c.name for c in reply.tool_calls] == ["add"]
 
 
 # ------------------------------------------------ auto, decided at the first token

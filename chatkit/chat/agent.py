@@ -19,7 +19,7 @@ from ..engine.concurrency import run_coroutine_sync
 from ..errors import InvalidParameter, MaxStepsExceeded, ToolDefinitionError
 from ..grammar.constraints import SchemaArg
 from ..messages import Reply, ToolCall
-from ..tools.definition import Tool, check_tools
+from ..tools.definition import Tool, ToolLike, check_tools
 from ..tools.execute import ToolResult, execute_calls
 from .options import TurnOptions
 
@@ -76,7 +76,7 @@ def agent_steps(text: str, *, max_steps: int, schema: SchemaArg,
     raise MaxStepsExceeded(max_steps, transcript)
 
 
-def _callable_tools(tools: Sequence[Any]) -> list[Tool]:
+def _callable_tools(tools: Sequence[ToolLike]) -> list[Tool]:
     made = check_tools(tools)
     for t in made:
         if t.function is None:
@@ -85,14 +85,14 @@ def _callable_tools(tools: Sequence[Any]) -> list[Tool]:
     return made
 
 
-def _start(text: str, tools: Sequence[Any], max_steps: int, schema: SchemaArg,
+def _start(text: str, tools: Sequence[ToolLike], max_steps: int, schema: SchemaArg,
            options: TurnOptions) -> tuple[list[Tool], Generator[_Send | _Execute, Any, Reply[Any]]]:
     made = _callable_tools(tools)
     opts = TurnOptions(**{**options, "tools": made})
     return made, agent_steps(text, max_steps=max_steps, schema=schema, options=opts)
 
 
-def run_agent(send: SendTurn, record: Record, text: str, tools: Sequence[Any], *,
+def run_agent(send: SendTurn, record: Record, text: str, tools: Sequence[ToolLike], *,
               max_steps: int, schema: SchemaArg, options: TurnOptions) -> Reply[Any]:
     """The sync driver (``Conversation.run``). Tools run on an event loop of their own,
     so this works from a thread whose event loop is running too."""
@@ -110,7 +110,7 @@ def run_agent(send: SendTurn, record: Record, text: str, tools: Sequence[Any], *
             return stop.value  # type: ignore[no-any-return]
 
 
-async def arun_agent(send: ASendTurn, record: Record, text: str, tools: Sequence[Any], *,
+async def arun_agent(send: ASendTurn, record: Record, text: str, tools: Sequence[ToolLike], *,
                      max_steps: int, schema: SchemaArg, options: TurnOptions) -> Reply[Any]:
     """The async driver (``Conversation.arun``)."""
     made, steps = _start(text, tools, max_steps, schema, options)

@@ -27,6 +27,7 @@ from ..errors import ContextOverflow, InvalidParameter
 from ..grammar.constraints import Constraint, SchemaArg
 from ..messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
 from ..templates import ChatTemplate
+from ..tools.definition import ToolLike
 from ..tools.execute import ToolResult
 from .agent import arun_agent, run_agent
 from .options import TurnOptions, check_options
@@ -339,7 +340,7 @@ def _next_exchange(messages: Sequence[Message], start: int) -> int | None:
     return None
 
 
-def _agent_tools(options: TurnOptions) -> Sequence[Any]:
+def _agent_tools(options: TurnOptions) -> Sequence[ToolLike]:
     check_options(dict(options))
     tools = options.get("tools")
     if not tools:

@@ -19,6 +19,7 @@ from ..decode.options import check_logprobs, check_max_tokens, check_probabiliti
 from ..decode.sampling import LogitProcessor, Sampler, SamplingParams
 from ..errors import InvalidParameter
 from ..grammar.constraints import Constraint
+from ..tools.definition import ToolLike
 from ..tools.options import (
     check_parallel,
     check_threshold,
@@ -49,8 +50,9 @@ class TurnOptions(TypedDict, total=False):
     """Stop strings for free text (a string is one stop string)."""
     schema_in_prompt: bool
     """Also append the schema to the user message as text."""
-    tools: Sequence[Any] | None
-    """Tools the model may call (``@tool`` functions, Pydantic models, ``Tool``)."""
+    tools: Sequence[ToolLike] | None
+    """Tools the model may call (``@tool`` functions, Pydantic models, ``Tool``, toolsets
+    such as ``MCPToolset``: see ``ToolLike``)."""
     tool_choice: str
     """``auto`` | ``required`` | ``none`` | a tool's name."""
     parallel_tool_calls: bool | int

@@ -11,6 +11,6 @@ Never imports: chat, serve, remote (the agent loop lives in ``chat``; a tool kno
 conversation).
 """
 
-from .definition import ModelRetry, Tool, ToolDefinition, tool
+from .definition import ModelRetry, Tool, ToolDefinition, ToolLike, Toolset, tool
 
-__all__ = ["ModelRetry", "Tool", "ToolDefinition", "tool"]
+__all__ = ["ModelRetry", "Tool", "ToolDefinition", "ToolLike", "Toolset", "tool"]

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, get_type_hints, runtime_checkable
 
 if TYPE_CHECKING:  # pydantic (~90 ms) is imported where tools are made or validated
     from pydantic import BaseModel
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pydantic (~90 ms) is imported where tools are made or valid
 from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
 from ..grammar.schema import SchemaReader, closed_objects, compile_json_schema, load_schema
 
-__all__ = ["ModelRetry", "Tool", "ToolDefinition", "tool"]
+__all__ = ["ModelRetry", "Tool", "ToolDefinition", "ToolLike", "Toolset", "tool"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
@@ -141,7 +141,8 @@ def tool(
             return _from_model(obj, name, description, timeout)
         if callable(obj):
             return _from_function(obj, name, description, timeout)
-        raise ToolDefinitionError(repr(obj), "a tool is a function or a Pydantic model class")
+        raise ToolDefinitionError(repr(obj), "a tool is a function, a Pydantic model class or "
+                                  "a Tool (a toolset: an object with tools())")
 
     return make if target is None else make(target)
 
@@ -205,9 +206,26 @@ def _checked_schema(tool_name: str, source: type[BaseModel] | dict[str, Any]
     return doc
 
 
-def check_tools(tools: Sequence[Any]) -> list[Tool]:
-    """Normalise a tools list (functions, model classes, Tools); refuse duplicate names."""
-    made = [tool(t) for t in tools]
+@runtime_checkable
+class Toolset(Protocol):
+    """Tools offered together (an ``MCPToolset``, or a class of your own): anything whose
+    ``tools()`` returns them. A toolset in ``tools=`` stands for all of its tools."""
+
+    def tools(self) -> Sequence[Tool]:
+        """The tools, each a :class:`Tool`."""
+        ...
+
+
+ToolLike: TypeAlias = "Tool | Toolset | Callable[..., Any] | type[BaseModel]"
+"""What ``tools=`` takes: a ``Tool``, a typed function (sync or async), a Pydantic model
+class (schema only), or a :class:`Toolset`."""
+
+
+def check_tools(tools: Sequence[ToolLike]) -> list[Tool]:
+    """Normalise a tools list (functions, model classes, Tools, toolsets expanded); refuse
+    duplicate names and an empty list (``ToolDefinitionError``)."""
+    made = [tool(t) for item in tools
+            for t in (item.tools() if _is_toolset(item) else [item])]  # type: ignore[union-attr]
     seen: set[str] = set()
     for t in made:
         if t.name in seen:
@@ -216,6 +234,13 @@ def check_tools(tools: Sequence[Any]) -> list[Tool]:
     if not made:
         raise ToolDefinitionError("-", "tools= is empty")
     return made
+
+
+def _is_toolset(item: object) -> bool:
+    """A toolset, not a tool: a function or a model class with a ``tools`` attribute is a
+    tool (``isinstance`` on the protocol only looks for the attribute)."""
+    return isinstance(item, Toolset) and not isinstance(item, (Tool, type)) \
+        and not inspect.isroutine(item)
 
 
 def _summary(doc: str) -> str:
