@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
-from chatkit import Constraint, Model, ToolArgumentsInvalid, ToolCall
+from chatkit import Constraint, Model, SchemaUnsupported, ToolArgumentsInvalid, ToolCall
 from chatkit.tools.definition import Tool
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, call_head, markup_for, tool_grammar
@@ -49,6 +49,7 @@ from chatkit.tools.parser import parse_calls
 
 NAMES = sorted(DIALECTS)
 XML = sorted(n for n, d in DIALECTS.items() if d.args.kind == "xml")
+GEMMA = sorted(n for n, d in DIALECTS.items() if d.args.kind == "gemma")
 JSON_ARGS = sorted(n for n, d in DIALECTS.items() if d.args.kind == "json")
 PYTHONIC = sorted(n for n, d in DIALECTS.items() if d.args.kind == "python")
 SPACED = (", ", ": ")
@@ -103,7 +104,7 @@ KNOWN = {
     "(llama3-json, llama4-pythonic): U+001C..U+001F are whitespace to Python's lstrip but "
     "not to the grammar's \\s, so '\\x1c' + a call opening is plain text to the grammar "
     "(auto) and a call to the parser",
-    "pattern-format": "raw XML and pythonic strings: pattern and format are not in the "
+    "pattern-format": "raw XML, pythonic and gemma-4 strings: pattern and format are not in the "
     "grammar (documented: the validator checks them), so the grammar accepts text "
     "parse_calls refuses",
     "name-is-text-open": "functionary-v3.2: a tool named 'all' writes 'all\\n{...}', which is "
@@ -167,7 +168,7 @@ def markup_texts(d: Dialect) -> list[str]:
     a = d.args
     out = [p for p in d.call if isinstance(p, str)] + list(d.section or ())
     out += [d.separator, a.key_open, a.key_close, a.value_close, a.separator, d.text_open,
-            d.text_close, *d.stops]
+            d.text_close, *d.stops, a.quote if a.kind == "gemma" else ""]
     return [t for t in out if t]
 
 
@@ -314,6 +315,8 @@ def strings(schema: dict[str, Any], ctx: Ctx, *, raw: bool) -> st.SearchStrategy
     out = texts(hi)
     if schema.get("pattern") == NO_LT:
         out = out.map(lambda s: s.replace("<", LT))
+    if d.args.kind == "gemma":  # documented: a string never holds the quote marker
+        out = out.map(lambda s: without(s, d.args.quote))
     if raw and d.args.kind == "xml":
         core = d.args.value_close.strip()  # documented: a raw string never holds it
         out = out.map(lambda s: without(s, core))
@@ -617,6 +620,8 @@ def schema_values(draw: st.DrawFn, schema: dict[str, Any], ctx: Ctx, top: bool =
         value = min(max(round(value, 3), lo), hi) or 0.0
         if "e" in repr(value):
             value = float(lo)
+    if isinstance(value, str) and ctx.d.args.kind == "gemma":
+        value = without(value, ctx.d.args.quote)
     if isinstance(value, str) and raw:
         value = without(value, ctx.d.args.value_close.strip())
         key_close = ctx.d.args.key_close
@@ -841,6 +846,23 @@ def test_a_raw_xml_string_never_holds_its_close_marker(engine: Model, name: str)
     assert refusal(engine, constraint(engine, d, tools, "required"), wire) is not None
 
 
+@pytest.mark.parametrize("name", GEMMA)
+def test_a_gemma_string_never_holds_its_quote_marker(engine: Model, name: str) -> None:
+    """Documented (docs/tools.md, Arguments): a gemma-4 string is raw text between two
+    ``<|"|>`` markers, so the grammar refuses one holding the marker."""
+    d = DIALECTS[name]
+    wire = render_calls(d, [ToolCall(id="c", name="probe",
+                                     arguments={"s": f"a{d.args.quote}b"})])
+    assert refusal(engine, constraint(engine, d, tools_for(d), "required"), wire) is not None
+
+
+@pytest.mark.parametrize("name", GEMMA)
+def test_a_gemma_key_holding_a_colon_is_refused_by_name(name: str) -> None:
+    with pytest.raises(SchemaUnsupported, match="ends at its ':'"):
+        tool_grammar([Tool.from_schema("f", _obj({"a:b": {"type": "string"}}, ["a:b"]))],
+                     dialect=DIALECTS[name])
+
+
 # ------------------------------------------------------------------ known mismatches
 def known(key: str, names: Sequence[str]) -> list[Any]:
     return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN[key]))
@@ -1037,7 +1059,7 @@ def test_known_unicode_separator_before_a_call_opening(engine: Model, name: str,
 
 @pytest.mark.parametrize("schema", [{"type": "string", "pattern": "^[0-9]+$"},
                                     {"type": "string", "format": "date"}])
-@pytest.mark.parametrize("name", known("pattern-format", XML + PYTHONIC))
+@pytest.mark.parametrize("name", known("pattern-format", XML + PYTHONIC + GEMMA))
 def test_known_raw_string_pattern_and_format(engine: Model, name: str,
                                              schema: dict[str, Any]) -> None:
     """Documented as a limit (docs/tools.md): kept here so a grammar that learns patterns

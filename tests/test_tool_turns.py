@@ -62,7 +62,7 @@ HARD_ENDS = ("<|END_OF_TURN_TOKEN|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", 
 ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "</s>", "<|return|>",
         "<end_of_turn>", "<|END_OF_TURN_TOKEN|>", "<｜end▁of▁sentence｜>",  # noqa: RUF001
         "<|endoftext|>", "<|im_end|>", "[/TOOL_CALLS]", "<|user|>", "<|observation|>",
-        "<turn|>", "<|end_of_text|>")
+        "<turn|>", "<|end_of_text|>", "<|tool_response>")
 
 
 def served(source: str) -> Dialect | None:
@@ -100,10 +100,13 @@ def accepts(grammar: str, text: str) -> tuple[bool, str]:
     return m.is_accepting(), "ends too early" if not m.is_accepting() else ""
 
 
-def prompt_of(template: ChatTemplate, d: Dialect) -> str:
+def prompt_of(template: ChatTemplate, d: Dialect, *, thinking: bool = False) -> str:
+    """The generation prompt; ``thinking``: with the template's thinking switch on, where
+    it has one (Gemma 4's prompt closes an empty think block unless it is on)."""
     return "".join(s.text for s in template.render(
         [Message("user", "QUESTION")], tools=[PROBE_TOOL], add_generation_prompt=True,
-        arguments_as_text=d.args_as == "string"))
+        arguments_as_text=d.args_as == "string",
+        enable_thinking=True if thinking and template.supports_thinking else None))
 
 
 def check_turn(template: ChatTemplate, d: Dialect, shape: str) -> str | None:
@@ -115,6 +118,8 @@ def check_turn(template: ChatTemplate, d: Dialect, shape: str) -> str | None:
             (shape == "two calls" and (d.max_calls == 1 or "Bergen" not in text)):
         return None  # the template does not write this turn
     turn, opened = tool_reasoning(d, prompt_of(template, d))
+    if shape == "reasoning then call" and turn.reasoning is None:  # thinking off by default
+        turn, opened = tool_reasoning(d, prompt_of(template, d, thinking=True))
     grammar = tool_grammar(TOOLS, "auto", dialect=turn, think_budget=4096,
                            think_opened=opened)
     ok, why = accepts(grammar, text)
@@ -164,6 +169,8 @@ KNOWN = {  # a turn shape the template writes that chatkit does not generate yet
     "functionary-v3.2": "text then call: the text after 'all', the calls after '>>>'",
     "nemotron-nano-v2": "text then call: text and calls as two assistant turns",
     "cohere2moe": "reasoning then call: the arguments spaced there, compact elsewhere",
+    "gemma-4-it": "text then call: the text after the calls and their results",
+    "gemma-4-31b-it-interleaved": "text then call: the text after the calls and their results",
 }
 
 

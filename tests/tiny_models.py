@@ -184,7 +184,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            tokens=_rows(APPEND, _MISTRAL), released=False),
     Family("gemma-4", "gemma-4", "gemma-4-it",
            ("<|tool_call>", "<tool_call|>", "<|turn>", "<turn|>", "<|channel>",
-            "<channel|>")),
+            "<channel|>", '<|"|>')),
     # o200k_harmony is a tiktoken BPE as Llama 3's is; its specials are all control tokens
     Family("gpt-oss", "llama-bpe", "gpt-oss",
            ("<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|end|>", "<|return|>",

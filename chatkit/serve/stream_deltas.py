@@ -25,6 +25,7 @@ from ..tools.dialects import HERMES, Dialect
 from ..tools.grammar import call_head
 from ..tools.parser import (
     ScannedCall,
+    gemma_args_so_far,
     py_args_so_far,
     scan_calls,
     scan_head,
@@ -149,7 +150,8 @@ class _DialectCalls:
             else:  # a parameter at a time
                 tool = next(t for t in r.tool_list if t.name == call["name"])
                 so_far = xml_args_so_far(r.text, call["at"], r.dialect, tool) \
-                    if kind == "xml" else py_args_so_far(r.text, call["at"], r.dialect)
+                    if kind == "xml" else gemma_args_so_far(r.text, call["at"], r.dialect) \
+                    if kind == "gemma" else py_args_so_far(r.text, call["at"], r.dialect)
                 text = json.dumps(so_far, ensure_ascii=False)[:-1] if so_far else ""
             fragment = text[len(call["arguments"]):] if text.startswith(call["arguments"]) \
                 else ""

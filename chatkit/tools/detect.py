@@ -72,7 +72,9 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
     """What ``template`` writes for ``message`` after a user's "QUESTION" (with ``tool``,
     by default the probe tool): the rendering of the conversation past its generation
     prompt (the text a model would write, end of turn included), or None where the
-    template refuses it or the prompt is not a prefix."""
+    template refuses it or the prompt is not a prefix. A generation prompt that closes an
+    empty think block the history does not keep (Gemma 4's ``<|channel>thought\n<channel|>``
+    with thinking off) counts up to that block."""
     user = Message("user", "QUESTION")
     tools = [tool or PROBE_TOOL]
     try:
@@ -83,7 +85,14 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
             arguments_as_text=as_text))
     except TemplateError:
         return None
-    return full[len(prompt):] if full.startswith(prompt) else None
+    if full.startswith(prompt):
+        return full[len(prompt):]
+    for opener, closer in THINK_OPENERS.items():  # an empty block the history drops
+        block = re.search(re.escape(opener) + r"\s*" + re.escape(closer.strip()) + r"\s*$",
+                          prompt)
+        if block and full.startswith(prompt[:block.start()]):
+            return full[block.start():]
+    return None
 
 
 def _turn_text(template: ChatTemplate, message: Message,
@@ -299,7 +308,8 @@ def generic_messages(messages: Sequence[Message],
     return out
 
 
-THINK_OPENERS = {"<think>": "</think>", "[THINK]": "[/THINK]", "<seed:think>": "</seed:think>"}
+THINK_OPENERS = {"<think>": "</think>", "[THINK]": "[/THINK]", "<seed:think>": "</seed:think>",
+                 "<|channel>thought": "<channel|>"}
 """Think blocks a generation prompt may open although the template renders no reasoning
 (DeepSeek R1's ``<think>\n``): opening and closing markup."""
 

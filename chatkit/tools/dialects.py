@@ -9,7 +9,8 @@ record says ``<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>``
 calls, a cap on calls per turn; around plain text: an optional wrapper (harmony's final
 channel, Command R7B's response). Arguments are encoded one of three ways
 (:class:`Args`): a JSON object, XML-like key/value pairs (a parameter the schema types as
-string is raw text, any other is JSON), or Python keyword arguments.
+string is raw text, any other is JSON), Python keyword arguments, or Gemma 4's keyed
+values (``city:<|"|>Oslo<|"|>,days:3``).
 
 The same record drives the grammar (:mod:`.grammar`), the parser (:mod:`.parser`), the
 wire text of stored calls (:func:`render_calls`, what detection compares a template's
@@ -59,9 +60,14 @@ class Args:
       value is JSON.
     - ``python``: ``key=value`` joined by ``separator``; strings quoted with ``quote``,
       booleans ``True``/``False``, null ``None``, numbers, lists and dicts as JSON.
+    - ``gemma``: ``key:value`` joined by ``separator`` in key order (Jinja's ``dictsort``:
+      case-insensitive), keys bare; a string is raw text between two ``quote`` markers (it
+      cannot contain the marker), booleans ``true``/``false``, null ``None``, numbers as
+      Python writes them, lists ``[a,b]`` and objects ``{key:value,...}`` (keys sorted
+      and bare) of such values (Gemma 4's template).
     """
 
-    kind: Literal["json", "xml", "python"] = "json"
+    kind: Literal["json", "xml", "python", "gemma"] = "json"
     key_open: str = ""
     key_close: str = ""
     value_close: str = ""
@@ -172,12 +178,39 @@ def _json(value: Any, separators: tuple[str, str] = (",", ":")) -> str:
     return json.dumps(value, ensure_ascii=False, separators=separators)
 
 
+def gemma_order(keys: Sequence[str]) -> list[str]:
+    """Keys in Jinja's ``dictsort`` order (case-insensitive, stable)."""
+    return sorted(keys, key=str.lower)
+
+
+def gemma_value(value: Any, quote: str) -> str:
+    """One value in Gemma 4's encoding (see ``Args``)."""
+    if isinstance(value, str):
+        return f"{quote}{value}{quote}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "None"
+    if isinstance(value, dict):
+        return "{" + _gemma_items(value, quote, ",") + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(gemma_value(v, quote) for v in value) + "]"
+    return str(value)
+
+
+def _gemma_items(arguments: dict[str, Any], quote: str, separator: str) -> str:
+    return separator.join(f"{k}:{gemma_value(arguments[k], quote)}"
+                          for k in gemma_order(list(arguments)))
+
+
 def render_args(args: Args, arguments: dict[str, Any],
                 separators: tuple[str, str] = (",", ":")) -> str:
     """Arguments in the dialect's encoding (strings raw in XML), JSON with ``separators``
     (the dialect's ``json_separators``)."""
     if args.kind == "json":
         return _json(arguments, separators)
+    if args.kind == "gemma":
+        return _gemma_items(arguments, args.quote, args.separator)
     if args.kind == "python":
         return args.separator.join(f"{k}={_py_value(v, args.quote, separators)}"
                                    for k, v in arguments.items())
@@ -314,6 +347,10 @@ LFM2 = Dialect(
 LFM2_CONTENT = Dialect(
     "lfm2-content", LFM2.call, section=LFM2.section, separator=LFM2.separator, args=LFM2.args,
     renders_calls=False, signature=("<|tool_list_start|>",), families=("LFM2",))
+GEMMA4 = Dialect(
+    "gemma-4", ("<|tool_call>call:", NAME, "{", ARGS, "}<tool_call|>"),
+    args=Args("gemma", separator=",", quote='<|"|>'), stops=("<|tool_response>",),
+    families=("Gemma 4",))
 
 GENERIC = Dialect(
     "generic", ('{"name": "', NAME, '", "arguments": ', ARGS, "}"),
@@ -328,5 +365,5 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT, GENERIC)}
+    LFM2, LFM2_CONTENT, GEMMA4, GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

@@ -3,7 +3,8 @@
 Per tool: the dialect's call pieces, the name as a literal, the id in its scheme, the
 arguments under that tool's schema (JSON: ``%json``; XML: one rule per parameter, raw text
 only where the schema resolves to string, ``%json`` elsewhere; Python keywords: quoted
-strings, ``True``/``False``/``None``, JSON for numbers and containers), with chatkit's
+strings, ``True``/``False``/``None``, JSON for numbers and containers; Gemma 4's keyed
+values: :mod:`.gemma_values`), with chatkit's
 number bounds. A name can never be paired with another tool's arguments. ``tool_choice``:
 
 - ``"auto"``: free text containing no call opening, calls, or text then calls where
@@ -174,7 +175,11 @@ class _Builder:
             return self.json_value(name, schema)
         props: dict[str, Any] = schema.get("properties", {})
         required = set(schema.get("required", []))
-        defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+        defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+        if kind == "gemma":
+            from .gemma_values import gemma_params  # it builds on this module
+
+            return self.add(name, gemma_params(self, name, schema, defs, "") or '""')
         items = []
         for j, (key, sub) in enumerate(props.items()):
             sub = {**sub, **defs} if isinstance(sub, dict) else sub
@@ -205,7 +210,11 @@ class _Builder:
         if values:
             alts = self.add(name, " | ".join(text_markup(v) or '""' for v in values))
             return f"{alts} {self.markup(close)}"
-        lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
+        return self.raw_value(close, schema.get("minLength", 0),
+                        schema.get("maxLength", RAW_STRING_MAX))
+
+    def raw_value(self, close: str, lo: int, hi: int) -> str:
+        """Raw text of ``lo`` to ``hi`` characters and its closing marker ``close``."""
         core = close.strip()
         lead = close[: len(close) - len(close.lstrip())]
         tail = close[len(lead) + len(core):]
@@ -229,7 +238,8 @@ class _Builder:
         separator before the first one written. ``r_i``: items i.. after something was
         written; ``f_i``: items i.. with nothing written yet (linear in size)."""
         sep = self.lit(self.dialect.args.separator)
-        kws = [f"{text_markup(k + '=')} {v}" for k, v, _ in items]
+        assign = ":" if self.dialect.args.kind == "gemma" else "="
+        kws = [f"{text_markup(k + assign)} {v}" for k, v, _ in items]
         n = len(items)
         for i in range(n - 1, -1, -1):
             rest = f" {name}_r{i + 1}" if i + 1 < n else ""

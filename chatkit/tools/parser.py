@@ -136,6 +136,9 @@ class _Scanner:
         props = schema.get("properties", {}) if isinstance(schema, dict) else {}
         if kind == "xml":
             return self.xml_args(pos, props)
+        if kind == "gemma":
+            return _gemma_pairs(self.text, pos, self.d.args.quote,
+                                (following or "}").strip()[:1] or "}")
         return self.py_args(pos, props, following)
 
     def xml_args(self, pos: int, props: dict[str, Any], *,
@@ -240,6 +243,67 @@ class _Scanner:
         return found, pos
 
 
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_GEMMA_WORDS = (("true", True), ("false", False), ("None", None))
+
+
+def _gemma_value(text: str, pos: int, quote: str) -> tuple[Any, int]:
+    """One value in Gemma 4's encoding at ``pos`` and where it ends; raises ``_NoMatch``
+    where the text does not (yet) hold a whole one."""
+    if text.startswith(quote, pos):
+        end = text.find(quote, pos + len(quote))
+        if end < 0:
+            raise _NoMatch(pos, quote)
+        return text[pos + len(quote):end], end + len(quote)
+    if text.startswith("{", pos):
+        pairs, pos = _gemma_pairs(text, pos + 1, quote, "}")
+        return pairs, pos + 1
+    if text.startswith("[", pos):
+        items: list[Any] = []
+        pos += 1
+        while not text.startswith("]", pos):
+            if items:
+                if not text.startswith(",", pos):
+                    raise _NoMatch(pos, ",")
+                pos += 1
+            item, pos = _gemma_value(text, pos, quote)
+            items.append(item)
+        return items, pos + 1
+    for word, value in _GEMMA_WORDS:
+        if text.startswith(word, pos):
+            return value, pos + len(word)
+    m = _NUMBER.match(text, pos)
+    if m is None or m.end() == len(text):  # a number may go on
+        raise _NoMatch(pos, "a gemma-4 value")
+    number = m.group()
+    return (int(number) if number.lstrip("-").isdigit() else float(number)), m.end()
+
+
+def _gemma_pairs(text: str, pos: int, quote: str, close: str, *,
+                 partial: bool = False) -> tuple[dict[str, Any], int]:
+    """``key:value`` pairs from ``pos`` up to ``close`` (not consumed); ``partial``: the
+    pairs complete so far, where the text ends inside one."""
+    out: dict[str, Any] = {}
+    while not text.startswith(close, pos):
+        try:
+            at = pos
+            if out:
+                if not text.startswith(",", at):
+                    raise _NoMatch(at, ",")
+                at += 1
+            colon = text.find(":", at)
+            if colon < 0:
+                raise _NoMatch(at, "a key")
+            value, end = _gemma_value(text, colon + 1, quote)
+        except _NoMatch:
+            if partial:
+                return out, pos
+            raise
+        out[text[at:colon]] = value
+        pos = end
+    return out, pos
+
+
 def _json_value(raw: str, key: str) -> Any:
     try:
         return json.loads(raw)
@@ -311,6 +375,11 @@ def xml_args_so_far(text: str, pos: int, dialect: Dialect, tool: Tool) -> dict[s
     schema = tool.definition.parameters_schema
     props = schema.get("properties", {}) if isinstance(schema, dict) else {}
     return _Scanner(text, dialect, [tool]).xml_args(pos, props, partial=True)[0]
+
+
+def gemma_args_so_far(text: str, pos: int, dialect: Dialect) -> dict[str, Any]:
+    """Gemma 4's ``key:value`` pairs written completely from ``pos`` so far."""
+    return _gemma_pairs(text, pos, dialect.args.quote, "}", partial=True)[0]
 
 
 def py_args_so_far(text: str, pos: int, dialect: Dialect) -> dict[str, Any]:
