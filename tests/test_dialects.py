@@ -254,10 +254,10 @@ def _squash(text: str) -> str:
 
 
 def test_a_format_chatkit_cannot_write_is_named(smol: Model) -> None:
-    """DeepSeek V3.2 writes typed DSML parameters (``string="true"``): refused with what it
-    rendered, and the conversation does not fall back to another template."""
-    t = family_template("deepseek-v3.2")
-    with pytest.raises(ToolFormatUnsupported, match=r'string="true"'):
+    """MiniMax M3 writes its calls between ``]<]minimax[>[`` separators: refused with what
+    it rendered, and the conversation does not fall back to another template."""
+    t = family_template("minimax-m3")
+    with pytest.raises(ToolFormatUnsupported, match=r"minimax\[>\[<tool_call>"):
         tool_setup(smol, t)
     with pytest.raises(ToolFormatUnsupported):
         Conversation(smol, template=t).send("Weather in Oslo?", tools=[get_weather])

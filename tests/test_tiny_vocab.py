@@ -147,6 +147,8 @@ TOOL_TURNS = [  # (family, its template, the dialect, the marker the calls open 
     _case("qwen3", "qwen3-coder", "qwen3-xml", "<tool_call>"),
     _case("deepseek-r1", "deepseek-r1", "deepseek-r1", ds("tool▁calls▁begin")),  # after a think
     _case("deepseek-r1", "deepseek-v3.1", "deepseek-v3.1", ds("tool▁calls▁begin")),
+    _case("deepseek-r1", "deepseek-v3.2", "deepseek-v3.2", None),  # DSML markup is text
+    _case("deepseek-r1", "deepseek-v4", "deepseek-v4", None),
     _case("command-r7b", "command-r7b", "command-r7b", "<|START_ACTION|>"),
     _case("phi-4-mini", "phi-4-mini-instruct", "phi-4-mini", "<|tool_call|>"),
     _case("mistral", "mistral-small-3.2-instruct-2506", "mistral-v11-ids", "[TOOL_CALLS]"),

@@ -23,9 +23,12 @@ import pytest
 from chatkit.messages import Message, ToolCall
 from chatkit.templates import ChatTemplate
 from chatkit.tools.definition import check_tools, tool
+from chatkit.tools.derive import derive, probe_render
 from chatkit.tools.detect import (
+    PROBE_CALLS,
     PROBE_TOOL,
     _detect,
+    _turn_text,
     assistant_rendering,
     history_for,
     tool_reasoning,
@@ -236,7 +239,11 @@ def test_a_format_no_record_knows_is_read_from_the_renderings(stem: str) -> None
 
 
 def test_markup_that_depends_on_a_values_type_is_not_derived() -> None:
-    """DeepSeek V4 writes ``string="true"`` or ``"false"`` by the value's type: one record
-    cannot say it, so it is refused by name, not served in a wrong form."""
+    """DeepSeek V4 writes ``string="true"`` or ``"false"`` by the value's type: derivation
+    cannot say it (no record is made from the renderings), its own record does."""
     path = next(p for p in TEMPLATES if p.stem == "deepseek-v4")
-    assert served(path.read_text()) is None
+    template = ChatTemplate.from_string(path.read_text(), name=path.stem)
+    assert derive(probe_render(lambda m, tool: _turn_text(template, m, tool)), PROBE_TOOL,
+                  PROBE_CALLS) is None
+    d = served(path.read_text())
+    assert d is not None and d.name == "deepseek-v4"

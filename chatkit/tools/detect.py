@@ -74,7 +74,8 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
     prompt (the text a model would write, end of turn included), or None where the
     template refuses it or the prompt is not a prefix. A generation prompt that closes an
     empty think block the history does not keep (Gemma 4's ``<|channel>thought\n<channel|>``
-    with thinking off) counts up to that block."""
+    with thinking off), or keeps only the end of (DeepSeek V3.2's ``</think>``), counts up
+    to that block."""
     user = Message("user", "QUESTION")
     tools = [tool or PROBE_TOOL]
     try:
@@ -91,7 +92,11 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
         block = re.search(re.escape(opener) + r"\s*" + re.escape(closer.strip()) + r"\s*$",
                           prompt)
         if block and full.startswith(prompt[:block.start()]):
-            return full[block.start():]
+            rest, written = full[block.start():], prompt[block.start():].rstrip()
+            for k, ch in enumerate(written):  # the block's end the history keeps (V3.2)
+                if ch in "<[" and rest.startswith(written[k:]):
+                    return rest[len(written) - k:]
+            return rest
     return None
 
 

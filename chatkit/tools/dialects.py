@@ -73,6 +73,9 @@ class Args:
     value_close: str = ""
     separator: str = ""
     quote: str = '"'
+    key_close_json: str = ""
+    """XML: the key's closing markup before a JSON (not raw) value where it differs from
+    ``key_close`` (DeepSeek V3.2's ``string="false">`` against ``string="true">``)."""
 
 
 JSON_ARGS = Args()
@@ -217,7 +220,9 @@ def render_args(args: Args, arguments: dict[str, Any],
     parts = []
     for key, value in arguments.items():
         text = value if isinstance(value, str) else _json(value, separators)
-        parts.append(f"{args.key_open}{key}{args.key_close}{text}{args.value_close}")
+        close = args.key_close_json if args.key_close_json and not isinstance(value, str) \
+            else args.key_close
+        parts.append(f"{args.key_open}{key}{close}{text}{args.value_close}")
     return "".join(parts)
 
 
@@ -347,6 +352,17 @@ LFM2 = Dialect(
 LFM2_CONTENT = Dialect(
     "lfm2-content", LFM2.call, section=LFM2.section, separator=LFM2.separator, args=LFM2.args,
     renders_calls=False, signature=("<|tool_list_start|>",), families=("LFM2",))
+DEEPSEEK_V32 = Dialect(
+    "deepseek-v3.2", ('<｜DSML｜invoke name="', NAME, '">\n', ARGS,  # noqa: RUF001
+                      "</｜DSML｜invoke>\n"),  # noqa: RUF001
+    section=("<｜DSML｜function_calls>\n", "</｜DSML｜function_calls>"),  # noqa: RUF001
+    args=Args("xml", '<｜DSML｜parameter name="', '" string="true">',  # noqa: RUF001
+              "</｜DSML｜parameter>\n", key_close_json='" string="false">'),  # noqa: RUF001
+    families=("DeepSeek V3.2",))
+DEEPSEEK_V4 = Dialect(
+    "deepseek-v4", DEEPSEEK_V32.call,
+    section=("<｜DSML｜tool_calls>\n", "</｜DSML｜tool_calls>"),  # noqa: RUF001
+    args=DEEPSEEK_V32.args, families=("DeepSeek V4",))
 GEMMA4 = Dialect(
     "gemma-4", ("<|tool_call>call:", NAME, "{", ARGS, "}<tool_call|>"),
     args=Args("gemma", separator=",", quote='<|"|>'), stops=("<|tool_response>",),
@@ -365,5 +381,5 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT, GEMMA4, GENERIC)}
+    LFM2, LFM2_CONTENT, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

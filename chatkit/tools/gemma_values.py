@@ -13,16 +13,25 @@ items. A schema keyword this encoding cannot enforce is refused by name
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import SchemaUnsupported
-from .dialects import gemma_order, gemma_value
-from .grammar import RAW_STRING_MAX, resolves_to_string, text_markup
-
-if TYPE_CHECKING:
-    from .grammar import _Builder
+from .dialects import Dialect, gemma_order, gemma_value
+from .lark_text import RAW_STRING_MAX, resolves_to_string, text_markup
 
 __all__: list[str] = []
+
+
+class Rules(Protocol):
+    """What these rules are made with: the tool-grammar builder (``grammar._Builder``)."""
+
+    dialect: Dialect
+
+    def add(self, name: str, body: str) -> str: ...
+    def lit(self, text: str) -> str: ...
+    def json_value(self, name: str, schema: dict[str, Any]) -> str: ...
+    def raw_value(self, close: str, lo: int, hi: int) -> str: ...
+    def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str: ...
 
 REFUSED = ("uniqueItems", "contains", "prefixItems", "oneOf", "allOf", "not", "if",
            "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
@@ -30,7 +39,7 @@ REFUSED = ("uniqueItems", "contains", "prefixItems", "oneOf", "allOf", "not", "i
 """Keywords a Gemma 4 value's grammar cannot enforce (``SchemaUnsupported``)."""
 
 
-def gemma_params(b: _Builder, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def gemma_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
                  path: str) -> str:
     """An object's ``key:value`` pairs in sorted key order, optional ones maybe ("" for
     none). Raises ``SchemaUnsupported`` for undeclared keys (``additionalProperties``) and
@@ -49,7 +58,7 @@ def gemma_params(b: _Builder, name: str, schema: dict[str, Any], defs: dict[str,
     return b.py_params(name, items)
 
 
-def value_rule(b: _Builder, name: str, schema: Any, defs: dict[str, Any], path: str) -> str:
+def value_rule(b: Rules, name: str, schema: Any, defs: dict[str, Any], path: str) -> str:
     """One value under ``schema`` (its ``$ref`` resolved in ``defs``)."""
     schema = _resolved(schema, defs, path)
     if resolves_to_string(schema):
@@ -90,7 +99,7 @@ def _resolved(schema: Any, defs: dict[str, Any], path: str) -> dict[str, Any]:
     return schema
 
 
-def _literal(b: _Builder, value: Any) -> str:
+def _literal(b: Rules, value: Any) -> str:
     """A const/enum member as written (a string between quote markers, as tokens where
     the markers are)."""
     q = b.lit(b.dialect.args.quote)
@@ -99,7 +108,7 @@ def _literal(b: _Builder, value: Any) -> str:
     return text_markup(gemma_value(value, b.dialect.args.quote))
 
 
-def _string(b: _Builder, name: str, schema: dict[str, Any]) -> str:
+def _string(b: Rules, name: str, schema: dict[str, Any]) -> str:
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if values:
         return b.add(name, " | ".join(_literal(b, v) for v in values))
@@ -108,7 +117,7 @@ def _string(b: _Builder, name: str, schema: dict[str, Any]) -> str:
                                            schema.get("maxLength", RAW_STRING_MAX))
 
 
-def _union(b: _Builder, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def _union(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     """``type: [...]`` or ``anyOf``: any member's value."""
     kind = schema.get("type")
@@ -122,7 +131,7 @@ def _union(b: _Builder, name: str, schema: dict[str, Any], defs: dict[str, Any],
         for k, m in enumerate(members)) or '""')
 
 
-def _array(b: _Builder, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def _array(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     if not isinstance(schema.get("items"), dict):
         raise SchemaUnsupported("items", path, "gemma-4 arrays need an items schema")

@@ -31,25 +31,19 @@ from numpy.typing import NDArray
 from ..engine.protocols import Vocabulary
 from ..grammar.schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
-from .dialects import ARGS, HERMES, ID, INDEX, NAME, Args, Dialect
+from .dialects import ARGS, HERMES, ID, INDEX, NAME, Dialect
+from .gemma_values import gemma_params
+from .lark_text import RAW_STRING_MAX, resolves_to_string, text_markup
 from .options import TOOL_CHOICES, check_parallel, check_tool_choice
 
 __all__: list[str] = []
 
 DEFAULT_MAX_CALLS = 4
-RAW_STRING_MAX = 8192
-"""Characters an XML dialect's raw string value may hold when its schema sets no
-``maxLength`` (the value's only end is its close marker, which a model may never write)."""
 Markup = Callable[[str], str]
 """Renders literal text as a Lark fragment."""
 _ANNOTATIONS = frozenset({"description", "title", "examples", "$comment"})
 """Schema keywords that say nothing about which values are valid."""
 _REGEX_META = set("\\.+*?()|[]{}^$/-&~#")
-
-
-def text_markup(text: str) -> str:
-    """Literal text as a Lark string (no token ids)."""
-    return json.dumps(text, ensure_ascii=False) if text else ""
 
 
 def markup_for(engine: Vocabulary) -> Markup:
@@ -98,25 +92,6 @@ def _regex_text(text: str) -> str:
     escaped; an escaped ``<`` would be a word boundary)."""
     return "".join("\\" + c if c in _REGEX_META else "\\n" if c == "\n" else c
                    for c in text)
-
-
-def resolves_to_string(schema: Any) -> bool:
-    """Whether every value ``schema`` admits is a string (so XML writes it raw)."""
-    if not isinstance(schema, dict):
-        return False
-    kind = schema.get("type")
-    if kind == "string" or kind == ["string"]:
-        return True
-    values = _string_values(schema)
-    return values is not None
-
-
-def _string_values(schema: dict[str, Any]) -> list[str] | None:
-    """The strings an ``enum`` / ``const`` schema allows (None: not only strings)."""
-    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
-    if not values or not all(isinstance(v, str) for v in values):
-        return None
-    return list(values)
 
 
 def _json_options(dialect: Dialect) -> dict[str, Any]:
@@ -177,23 +152,27 @@ class _Builder:
         required = set(schema.get("required", []))
         defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         if kind == "gemma":
-            from .gemma_values import gemma_params  # it builds on this module
-
             return self.add(name, gemma_params(self, name, schema, defs, "") or '""')
         items = []
         for j, (key, sub) in enumerate(props.items()):
             sub = {**sub, **defs} if isinstance(sub, dict) else sub
             value = (self.xml_value if kind == "xml" else self.py_value)(f"{name}_{j}", sub)
-            items.append((key, value, key in required))
+            head = key
+            if kind == "xml":  # the key's markup up to the value
+                a = self.dialect.args
+                head = a.key_open + key + (a.key_close if resolves_to_string(sub)
+                                           or not a.key_close_json else a.key_close_json)
+            items.append((head, value, key in required))
         if kind == "xml":
             return self.add(name, self.xml_params(items) or '""')
         return self.add(name, self.py_params(name, items) or '""')
 
     def xml_params(self, items: list[tuple[str, str, bool]]) -> str:
-        a: Args = self.dialect.args
+        """Each parameter's markup up to its value (``key_open KEY key_close``), its value
+        rule (ending with ``value_close``), optional where not required."""
         parts = []
-        for key, value, required in items:  # each value rule ends with value_close
-            one = f"{self.markup(a.key_open + key + a.key_close, before_raw=True)} {value}"
+        for head, value, required in items:  # each value rule ends with value_close
+            one = f"{self.markup(head, before_raw=True)} {value}"
             parts.append(one if required else f"({one})?")
         return " ".join(parts)
 

@@ -21,7 +21,8 @@ from ..errors import ToolArgumentsInvalid
 from ..messages import ToolCall
 from .definition import Tool
 from .dialects import ARGS, ID, INDEX, NAME, Dialect
-from .grammar import call_head, resolves_to_string
+from .grammar import call_head
+from .lark_text import resolves_to_string
 
 __all__: list[str] = []
 
@@ -166,7 +167,8 @@ class _Scanner:
         if end < 0:
             raise _NoMatch(pos, a.key_close)
         key = self.text[pos:end].strip()
-        pos = _expect(self.text, end, a.key_close)
+        typed_json = bool(a.key_close_json) and self._continues(end, a.key_close_json)
+        pos = _expect(self.text, end, a.key_close_json if typed_json else a.key_close)
         stop = self.text.find(close, pos)
         if stop < 0:
             raise _NoMatch(pos, close)
@@ -174,7 +176,8 @@ class _Scanner:
         lead = a.value_close[: len(a.value_close) - len(a.value_close.lstrip())]
         if lead and raw.endswith(lead):
             raw = raw[: -len(lead)]
-        value = raw if resolves_to_string(props.get(key)) else _json_value(raw, key)
+        value = raw if resolves_to_string(props.get(key)) and not typed_json \
+            else _json_value(raw, key)
         return {key: value}, _expect(self.text, stop, close)
 
     def head(self, pos: int, index: int) -> tuple[str, str | None, int]:
