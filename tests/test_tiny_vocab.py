@@ -164,6 +164,7 @@ TOOL_TURNS = [  # (family, its template, the dialect, the marker the calls open 
     _case("apertus", "apertus", "apertus", "<|tools_prefix|>"),
     _case("lfm2", "lfm2.5", "lfm2", "<|tool_call_start|>"),
     _case("lfm2", "lfm2", "lfm2-content", "<|tool_call_start|>"),
+    _case("lfm2", "lfm2.5-instruct", "lfm2-list", "<|tool_call_start|>"),
     _case("granite-3", "granite-3.3", "granite-3", "<|tool_call|>"),
     _case("llama-3.1", "functionary-v3.1", "functionary-v3.1", None),  # <function= is text
     _case("llama-3.1", "functionary-v3.2", "functionary-v3.2", None),  # the call opens NAME

@@ -352,6 +352,9 @@ LFM2 = Dialect(
 LFM2_CONTENT = Dialect(
     "lfm2-content", LFM2.call, section=LFM2.section, separator=LFM2.separator, args=LFM2.args,
     renders_calls=False, signature=("<|tool_list_start|>",), families=("LFM2",))
+LFM2_LIST = Dialect(
+    "lfm2-list", LFM2.call, section=LFM2.section, separator=LFM2.separator, args=LFM2.args,
+    renders_calls=False, signature=("List of tools: [",), families=("LFM2.5-Instruct",))
 DEEPSEEK_V32 = Dialect(
     "deepseek-v3.2", ('<｜DSML｜invoke name="', NAME, '">\n', ARGS,  # noqa: RUF001
                       "</｜DSML｜invoke>\n"),  # noqa: RUF001
@@ -381,5 +384,5 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, GENERIC)}
+    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""
