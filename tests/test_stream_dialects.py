@@ -32,7 +32,7 @@ def get_weather(city: str, days: Annotated[int, Field(ge=1, le=9)] = 1) -> str:
 TOOLS = check_tools([get_weather])
 CALLS = (ToolCall(id="abcDEF123", name="get_weather", arguments={"city": "Oslo", "days": 2}),
          ToolCall(id="xyzXYZ789", name="get_weather", arguments={"city": "Rome", "days": 3}))
-STREAMED_ARGS = {"json", "xml", "python"}
+STREAMED_ARGS = {"json", "xml", "python", "gemma"}
 """Argument encodings streamed in pieces (every one)."""
 
 
