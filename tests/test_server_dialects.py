@@ -1,6 +1,7 @@
 """``chatkit serve`` with another family's template: the openai SDK's tool calls, plain and
-streamed, in each kind of dialect (JSON, XML, pythonic, harmony), then the tool result
-rendered back through the same template. A real uvicorn server on loopback (in a thread)."""
+streamed, in each kind of dialect (JSON, XML, pythonic, harmony, Gemma 4's keyed values),
+then the tool result rendered back through the same template. A real uvicorn server on
+loopback (in a thread)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ KINDS = {  # dialect kind: a family template that writes it
     "xml": "qwen3-coder",  # <function=NAME><parameter=KEY>raw</parameter>
     "pythonic": "lfm2.5",  # <|tool_call_start|>[NAME(key='v')]<|tool_call_end|>
     "harmony": "gpt-oss",  # to=functions.NAME<|channel|>commentary json<|message|>{...}
+    "gemma": "gemma-4-it",  # <|tool_call>call:NAME{key:<|"|>raw<|"|>,n:5}<tool_call|>
 }
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
@@ -33,7 +35,8 @@ WEATHER = {"type": "function", "function": {
                                                     "days": {"type": "integer", "minimum": 1,
                                                              "maximum": 9}},
                    "required": ["city", "days"]}}}
-MARKUP = ("[TOOL_CALLS]", "<function=", "<|tool_call_start|>", "to=functions.", "<tool_call>")
+MARKUP = ("[TOOL_CALLS]", "<function=", "<|tool_call_start|>", "to=functions.", "<tool_call>",
+          "<|tool_call>")
 
 
 @pytest.fixture(scope="module")
