@@ -514,6 +514,20 @@ def test_text_replies_are_accepted_and_parse_back(engine: Model, name: str,
     assert said == (text if d.text_json else text.strip())
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if call_head(DIALECTS[n])])
+def test_a_broken_call_word_is_text(engine: Model, name: str) -> None:
+    """The call's markup word with a space inside (``< seed:tool_call>``) is text to the
+    grammar, so it is text to the parser (the rest of the markup may follow)."""
+    d = DIALECTS[name]
+    head = call_head(d)
+    text = head[0] + " " + head[1:] + d.trigger[d.trigger.index(head) + len(head):]
+    reply = write_text(d, text)
+    tools = tools_for(d)
+    assert refusal(engine, constraint(engine, d, tools, "auto"), reply) is None
+    said, calls = read(reply, tools, d)
+    assert calls == [] and said == text.strip()
+
+
 # ------------------------------------------------------------------ random schemas
 KEYS = ["a", "b", "city", "from", "max-n", "x.y", "q_1", "名前", "camelCase", "two words"]
 PY_KEYWORDS = {"from", "class", "import", "lambda", "def", "if", "in", "is", "None", "True"}

@@ -334,6 +334,9 @@ def starts_calls(text: str, dialect: Dialect) -> bool:
     """Whether a reply is calls (it opens with the dialect's call markup), not text."""
     trigger = dialect.trigger
     stripped = text.lstrip()
+    head = call_head(dialect)
+    if head and not stripped.startswith(head):  # the markup word exactly, as the grammar
+        return False
     if trigger.strip():  # layout inside the markup as the template writes it, or none
         return re.sub(r"\s+", "", stripped[:len(trigger) + 8]).startswith(
             re.sub(r"\s+", "", trigger))
