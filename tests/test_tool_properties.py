@@ -77,19 +77,6 @@ KNOWN = {
     "xml-key-close": "XML dialects: a parameter name holding the key's closing marker "
     "(qwen3-xml/seed-oss '>', glm-4.5 '</arg_key>', minimax-m2 '\">'): the grammar writes it, "
     "the parser ends the name at it",
-    "python-escape": "pythonic dialects: the grammar's string lexeme takes any backslash pair "
-    "('\\\\.'): \\x without two hex digits, \\N, \\u with fewer than four hex digits are "
-    "accepted, and ast refuses them; \\d (any escape Python does not define) reads as "
-    "backslash-d with a DeprecationWarning, an error under this suite's warnings filter",
-    "python-raw-control": "pythonic dialects: a raw CR or NUL inside a quoted string (the "
-    "lexeme bans only a raw LF): accepted by the grammar, refused by ast",
-    "python-surrogates": "pythonic dialects: '\\ud83d\\ude00' in a quoted string is accepted, "
-    "and ast reads two lone surrogates (JSON reads one character): the arguments cannot be "
-    "encoded as UTF-8",
-    "python-key": "pythonic dialects: a parameter name that is not a Python identifier, or "
-    "is a keyword ('from', 'class', 'max-results'): the grammar writes name=..., ast refuses",
-    "python-maxlength": "pythonic dialects: maxLength/minLength count the escaped source "
-    "('\\u0001' is 6 characters for one): a short string with a control character is refused",
     "xml-leading-space": "qwen3-xml: '<parameter=s> x' (the optional line break after '>' left "
     "out, the value starts with a space): the parser takes one whitespace character of any "
     "kind as the layout and reads 'x'",
@@ -180,9 +167,6 @@ TRICKY = ['"', "'", "\\", "\\x", "\\x41", "\\u0041", "\\ud83d", "\\n", "\\\\", '
           ", ", ": ", "True", "None", "null", "true", "</", ">", "<", "```", "<|im_end|>",
           "<|im_start|>", "${x}", "%s", "{}", "[]", '{"a": 1}', "f(x=1)", "all\n",
           "functions.f:0", "\\u00e9"]
-# a Python string literal escapes these as \u00XX (5 characters for one): KNOWN
-# python-maxlength
-_SHORT_ESCAPED = {chr(i) for i in range(32)} - set("\n\r\t\b\f")
 
 
 UNSPELLABLE = re.compile("[\x04\x06\x13\x14\x16\x1d\U00040000-\U000bffff]")
@@ -324,8 +308,6 @@ def strings(schema: dict[str, Any], ctx: Ctx, *, raw: bool) -> st.SearchStrategy
             out = out.map(str.strip)
     if raw and hi and d.args.key_close != d.args.key_close.rstrip():
         out = out.map(lambda s: s[:hi - 1])  # layout and length: their own test below
-    if hi is not None and d.args.kind == "python":  # KNOWN python-maxlength
-        out = out.map(lambda s: "".join(c for c in s if c not in _SHORT_ESCAPED))
     return out
 
 
@@ -534,7 +516,7 @@ PY_KEYWORDS = {"from", "class", "import", "lambda", "def", "if", "in", "is", "No
 
 
 def keys_for(d: Dialect) -> list[str]:
-    if d.args.kind == "python":  # KNOWN python-key
+    if d.args.kind == "python":  # refused by name (SchemaUnsupported): their own test
         return [k for k in KEYS if k.isidentifier() and k not in PY_KEYWORDS]
     return KEYS
 
@@ -641,9 +623,6 @@ def schema_values(draw: st.DrawFn, schema: dict[str, Any], ctx: Ctx, top: bool =
         key_close = ctx.d.args.key_close
         if key_close != key_close.rstrip() and len(value) == schema.get("maxLength"):
             value = value[:-1]  # layout and length: their own test below
-    if (isinstance(value, str) and ctx.d.args.kind == "python" and "maxLength" in schema
-            and set(value) & _SHORT_ESCAPED):  # KNOWN python-maxlength
-        value = "".join(c for c in value if c not in _SHORT_ESCAPED) or "a"
     return value
 
 
@@ -688,9 +667,6 @@ def _valid(tool: Tool) -> Callable[[Any], bool]:
 
 
 # ------------------------------------------------------------------ grammar-accepted text
-PY_ESCAPES = {"\\n", "\\t", "\\\\", '\\"', "\\'", "\\u00e9", "\\u0041", "\\x41"}
-"""Backslash escapes Python and JSON read alike (the only ones a pythonic walk writes)."""
-
 
 class Walk:
     """Steps through a grammar by its token masks, choosing by hypothesis draws: most often
@@ -708,9 +684,6 @@ class Walk:
         words.update(markup_texts(d))
         words.update(m.strip() for m in markup_texts(d) if m.strip())
         words -= {"\x1c"}  # KNOWN unicode-space
-        if d.args.kind == "python":  # KNOWN python-escape, python-raw-control
-            words = {w for w in words if "\r" not in w and "\x00" not in w
-                     and ("\\" not in w or w in PY_ESCAPES)}
         self.macros = sorted({tuple(engine.tokenize(w, special=False)) for w in words if w})
         self.closers = [tuple(engine.tokenize(w, special=False)) for w in
                         [d.args.value_close, d.args.value_close.strip(), '"', "'", "}", "]",
@@ -724,8 +697,6 @@ class Walk:
                 menu.add(toks[0])
         self.menu = np.array(sorted(menu))
         banned = [b"\x1c", b"\x1d", b"\x1e", b"\x1f"]  # KNOWN unicode-space
-        if d.args.kind == "python":  # KNOWN python-escape, python-raw-control
-            banned += [b"\\", b"\r", b"\x00"]
         self.banned = np.array([any(b in engine.token_bytes(t) for b in banned)
                                 for t in range(engine.n_vocab)])
         self.row = np.zeros(engine.n_vocab, dtype=np.float32)
@@ -955,30 +926,51 @@ def _py_reply(d: Dialect, args: str, name: str = "f") -> str:
 STR_TOOL = _obj({"s": {"type": "string"}}, ["s"])
 
 
-@pytest.mark.parametrize("escape", ["\\x", "\\N", "\\u12", "\\d"])
-@pytest.mark.parametrize("name", known("python-escape", PYTHONIC))
-def test_known_pythonic_invalid_escape(engine: Model, name: str, escape: str) -> None:
+def both_refuse(engine: Model, d: Dialect, tools: Sequence[Tool], reply: str) -> None:
+    """The grammar refuses ``reply`` and so does the parser."""
+    assert refusal(engine, constraint(engine, d, tools, "required"), reply) is not None
+    with pytest.raises(ToolArgumentsInvalid):
+        parse_calls(reply, tools, d)
+
+
+@pytest.mark.parametrize("escape", ["\\x", "\\x4", "\\N{DASH}", "\\u12", "\\d", "\\ud83d",
+                                    "\\U00110000", "\\U0000dfff"])
+@pytest.mark.parametrize("name", PYTHONIC)
+def test_a_pythonic_string_holds_only_escapes_python_reads_as_one_character(
+        engine: Model, name: str, escape: str) -> None:
+    """Was a mismatch (the lexeme took any backslash pair): an escape ``ast`` refuses, warns
+    on, or reads as a lone surrogate is refused by the grammar too."""
     d = DIALECTS[name]
     q = d.args.quote
-    tool = Tool.from_schema("f", STR_TOOL)
-    agrees(engine, d, [tool], _py_reply(d, f"s={q}{escape}{q}"), None)
+    both_refuse(engine, d, [Tool.from_schema("f", STR_TOOL)], _py_reply(d, f"s={q}{escape}{q}"))
 
 
 @pytest.mark.parametrize("char", ["\r", "\x00"])
-@pytest.mark.parametrize("name", known("python-raw-control", PYTHONIC))
-def test_known_pythonic_raw_control_character(engine: Model, name: str, char: str) -> None:
+@pytest.mark.parametrize("name", PYTHONIC)
+def test_a_pythonic_string_never_holds_a_raw_cr_or_nul(engine: Model, name: str,
+                                                        char: str) -> None:
     d = DIALECTS[name]
     q = d.args.quote
-    tool = Tool.from_schema("f", STR_TOOL)
-    agrees(engine, d, [tool], _py_reply(d, f"s={q}a{char}b{q}"), None)
+    both_refuse(engine, d, [Tool.from_schema("f", STR_TOOL)], _py_reply(d, f"s={q}a{char}b{q}"))
 
 
-@pytest.mark.parametrize("name", known("python-surrogates", PYTHONIC))
-def test_known_pythonic_surrogate_escapes(engine: Model, name: str) -> None:
+@pytest.mark.parametrize("args", ["s=foo", "s='a' + 'b'", "s=f(1)"])
+@pytest.mark.parametrize("name", PYTHONIC)
+def test_a_pythonic_argument_that_is_no_literal_is_refused_by_name(engine: Model, name: str,
+                                                                   args: str) -> None:
+    """Was a bare ValueError out of parse_calls (ast.literal_eval's)."""
     d = DIALECTS[name]
-    q = d.args.quote
-    tool = Tool.from_schema("f", STR_TOOL)
-    agrees(engine, d, [tool], _py_reply(d, f"s={q}\\ud83d\\ude00{q}"), None)
+    both_refuse(engine, d, [Tool.from_schema("f", STR_TOOL)], _py_reply(d, args))
+
+
+@pytest.mark.parametrize("value", ["\x01\x7f", "\ud7ff\ue000", "😀é", "\\'\"\n\t"])
+@pytest.mark.parametrize("name", PYTHONIC)
+def test_a_pythonic_string_escapes_every_character_it_must(engine: Model, name: str,
+                                                            value: str) -> None:
+    """The escapes render_calls writes (JSON's: ``\\u0001``, ``\\n``, ``\\\\``) and raw
+    non-ASCII are accepted and read back; maxLength counts characters, not source."""
+    _written_agree(engine, DIALECTS[name],
+                   _obj({"s": {"type": "string", "maxLength": len(value)}}, ["s"]), {"s": value})
 
 
 UNION = _obj({"u": {"type": ["string", "null"]}, "b": {"type": ["boolean", "null"]},
@@ -999,10 +991,14 @@ def test_known_pythonic_union_values_double_quoted(engine: Model, name: str,
     _written_agree(engine, DIALECTS[name], UNION, args)
 
 
-@pytest.mark.parametrize("key", ["from", "class", "max-results"])
-@pytest.mark.parametrize("name", known("python-key", PYTHONIC))
-def test_known_pythonic_parameter_names(engine: Model, name: str, key: str) -> None:
-    _written_agree(engine, DIALECTS[name], _obj({key: {"type": "string"}}, [key]), {key: "x"})
+@pytest.mark.parametrize("key", ["from", "class", "None", "max-results", "2x", "a b"])
+@pytest.mark.parametrize("name", PYTHONIC)
+def test_a_pythonic_parameter_name_that_python_cannot_read_is_refused_by_name(
+        name: str, key: str) -> None:
+    """Was a mismatch (the grammar wrote ``from=...``, ast refused it)."""
+    with pytest.raises(SchemaUnsupported, match="Python identifier"):
+        tool_grammar([Tool.from_schema("f", _obj({key: {"type": "string"}}, [key]))],
+                     dialect=DIALECTS[name])
 
 
 @pytest.mark.parametrize("name", PYTHONIC)
@@ -1011,12 +1007,6 @@ def test_known_pythonic_nested_values_with_spaced_separators(engine: Model, name
     schema = _obj({"o": _obj({"k": {"type": "integer"}}), "l": {"type": "array",
                                                            "items": {"type": "integer"}}})
     _written_agree(engine, d, schema, {"o": {"k": 1}, "l": [1, 2]})
-
-
-@pytest.mark.parametrize("name", known("python-maxlength", PYTHONIC))
-def test_known_pythonic_max_length_counts_escapes(engine: Model, name: str) -> None:
-    _written_agree(engine, DIALECTS[name],
-                   _obj({"s": {"type": "string", "maxLength": 3}}, ["s"]), {"s": "\x01"})
 
 
 @pytest.mark.parametrize("name", ["qwen3-xml", "seed-oss"])

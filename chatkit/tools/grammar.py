@@ -21,6 +21,7 @@ or added token is that token id (``<[id]>``), anything else literal text.
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..engine.protocols import Vocabulary
+from ..errors import SchemaUnsupported
 from ..grammar.schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 from .dialects import ARGS, HERMES, ID, INDEX, NAME, Dialect
@@ -155,6 +157,10 @@ class _Builder:
             return self.add(name, gemma_params(self, name, schema, defs, "") or '""')
         items = []
         for j, (key, sub) in enumerate(props.items()):
+            if kind == "python" and (not key.isidentifier() or keyword.iskeyword(key)):
+                raise SchemaUnsupported("properties", f"/{key}", "a pythonic call writes "
+                                        "name=value: a parameter name must be a Python "
+                                        "identifier and not a keyword")
             sub = {**sub, **defs} if isinstance(sub, dict) else sub
             value = (self.xml_value if kind == "xml" else self.py_value)(f"{name}_{j}", sub)
             head = key
@@ -241,7 +247,7 @@ class _Builder:
             q = _regex_text(quote)
             span = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', RAW_STRING_MAX)}}}"
             terminal = name.upper()
-            self.rules.append(f"{terminal}: /{q}(?:[^{q}\\\\\\n]|\\\\.){span}{q}/")
+            self.rules.append(f"{terminal}: /{q}(?:[^{q}\\\\\\n\\r\\x00]|{PY_ESCAPE}){span}{q}/")
             return terminal
         kind = schema.get("type") if isinstance(schema, dict) else None
         values = schema.get("enum", [schema["const"]] if "const" in schema else None) \
@@ -303,6 +309,15 @@ def _simple_union(schema: Any) -> list[dict[str, Any]]:
             for o in options):
         return list(options)
     return []
+
+
+PY_ESCAPE = (r"\\[\\'\"abfnrtv]|\\x[0-9a-fA-F]{2}"
+             r"|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
+             r"|\\U(?:0000(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
+             r"|000[1-9a-fA-F][0-9a-fA-F]{4}|0010[0-9a-fA-F]{4})")
+"""One escape in a Python string literal, as a regex: those ``ast`` reads as one character
+and UTF-8 can hold (no ``\\N{...}``, no octal, no lone surrogate, nothing above U+10FFFF),
+so a ``maxLength`` counts characters, not the escaped source."""
 
 
 def _py_literal(value: str, quote: str) -> str:

@@ -223,7 +223,10 @@ class _Scanner:
                 end = self.text.find(closer, end + 1)
                 continue
             if isinstance(node, ast.Call) and not node.args:
-                out = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+                try:
+                    out = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+                except ValueError:  # a name, an expression, a lone surrogate: no literal
+                    break
                 return out, end
             break
         raise _NoMatch(pos, "Python keyword arguments")
@@ -327,7 +330,10 @@ def _literal(node: ast.AST) -> Any:
     if isinstance(node, ast.Dict):
         return {_literal(k) if k is not None else None: _literal(v)
                 for k, v in zip(node.keys, node.values, strict=True)}
-    return ast.literal_eval(node)
+    value = ast.literal_eval(node)
+    if isinstance(value, str):
+        value.encode()  # a lone surrogate ('\ud83d') is no text: UnicodeEncodeError, a ValueError
+    return value
 
 
 def starts_calls(text: str, dialect: Dialect) -> bool:
