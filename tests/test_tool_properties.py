@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 from chatkit import Constraint, Model, SchemaUnsupported, ToolArgumentsInvalid, ToolCall
+from chatkit.grammar.value_checks import known_format
 from chatkit.tools.definition import Tool
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, call_head, markup_for, tool_grammar
@@ -91,9 +92,6 @@ KNOWN = {
     "(llama3-json, llama4-pythonic): U+001C..U+001F are whitespace to Python's lstrip but "
     "not to the grammar's \\s, so '\\x1c' + a call opening is plain text to the grammar "
     "(auto) and a call to the parser",
-    "pattern-format": "raw XML, pythonic and gemma-4 strings: pattern and format are not in the "
-    "grammar (documented: the validator checks them), so the grammar accepts text "
-    "parse_calls refuses",
     "name-is-text-open": "functionary-v3.2: a tool named 'all' writes 'all\\n{...}', which is "
     "also the text wrapper: the grammar takes it as a call, the parser returns it as text",
 }
@@ -523,7 +521,8 @@ def keys_for(d: Dialect) -> list[str]:
 
 @st.composite
 def leaf_schemas(draw: st.DrawFn, d: Dialect) -> dict[str, Any]:
-    kinds = ["string", "short", "enum", "const", "integer", "number", "boolean", "null"]
+    kinds = ["string", "short", "enum", "const", "integer", "number", "boolean", "null",
+             "checked"]
     if d.args.kind != "python":  # pythonic unions: their own test below
         kinds += ["nullable", "anyof", "mixed-enum"]
     union_string = d.args.kind != "xml"  # KNOWN xml-union-string
@@ -540,6 +539,12 @@ def leaf_schemas(draw: st.DrawFn, d: Dialect) -> dict[str, Any]:
         "number": {"type": "number", "minimum": lo, "maximum": lo + draw(st.integers(1, 1000))},
         "boolean": {"type": "boolean"},
         "null": {"type": "null"},
+        # anchored: hypothesis-jsonschema draws values a search matches, the grammar (as
+        # llguidance's JSON) matches a pattern whole
+        "checked": draw(st.sampled_from([{"type": "string", "format": "date"},
+                                         {"type": "string", "format": "uuid"},
+                                         {"type": "string", "pattern": "^[a-z]{1,5}-[0-9]$"},
+                                         {"type": "string", "pattern": "^[A-Z][a-z ]{0,3}$"}])),
         "nullable": {"type": [draw(st.sampled_from(["string", "integer", "boolean"]
                                                    if union_string else ["integer", "boolean"])),
                               "null"], "minimum": -10**9, "maximum": 10**9},  # NUMBER_DIGITS
@@ -1061,17 +1066,34 @@ def test_known_unicode_separator_before_a_call_opening(engine: Model, name: str,
     agrees(engine, d, [Tool.from_schema("f", STR_TOOL)], reply, None, choice="auto")
 
 
-@pytest.mark.parametrize("schema", [{"type": "string", "pattern": "^[0-9]+$"},
-                                    {"type": "string", "format": "date"}])
-@pytest.mark.parametrize("name", known("pattern-format", XML + PYTHONIC + GEMMA))
-def test_known_raw_string_pattern_and_format(engine: Model, name: str,
-                                             schema: dict[str, Any]) -> None:
-    """Documented as a limit (docs/tools.md): kept here so a grammar that learns patterns
-    shows up."""
+RAW_CHECKED = [
+    ({"type": "string", "pattern": "^[0-9]+$"}, "123", ["abc", "12a", ""]),
+    ({"type": "string", "pattern": "[a-c]{2}"}, "ab", ["a", "dd"]),
+    ({"type": "string", "pattern": "^(?!ab)[a-z]{3}$"}, "abx"[::-1], ["abx", "ab1"]),
+    ({"type": "string", "format": "date"}, "2024-02-29", ["abc", "2023-02-29", "2023-04-31"]),
+    ({"type": "string", "format": "date-time"}, "2024-01-02T03:04:05Z", ["2024-01-02"]),
+    ({"type": "string", "format": "uuid"}, "123e4567-e89b-12d3-a456-426614174000", ["123"]),
+    ({"type": "string", "format": "ipv4", "maxLength": 9}, "10.0.0.1", ["10.0.0.256",
+                                                                      "192.168.0.1"]),
+]
+
+
+@pytest.mark.parametrize(("schema", "good", "bad"), RAW_CHECKED)
+@pytest.mark.parametrize("name", XML + PYTHONIC + GEMMA)
+def test_a_raw_string_keeps_its_pattern_and_format_in_the_grammar(
+        engine: Model, name: str, schema: dict[str, Any], good: str, bad: list[str]) -> None:
+    """Was a limit (the validator alone checked them, the grammar let the model write any
+    text): a value the validator refuses is refused by the grammar, one it takes is taken
+    (a pattern matched whole, as llguidance matches one in JSON)."""
     d = DIALECTS[name]
     tool = Tool.from_schema("f", _obj({"s": schema}, ["s"]))
-    wire = render_calls(d, one(tool, {"s": "abc"}))
-    agrees(engine, d, [tool], wire, None)
+    _written_agree(engine, d, _obj({"s": schema}, ["s"]), {"s": good})
+    for value in bad:
+        wire = render_calls(d, one(tool, {"s": value}))
+        assert refusal(engine, constraint(engine, d, [tool], "required"), wire) is not None, value
+        if known_format(schema.get("format", "date")):  # date-time, time: where jsonschema
+            with pytest.raises(ToolArgumentsInvalid):    # has rfc3339-validator
+                parse_calls(wire, [tool], d)
 
 
 @pytest.mark.parametrize("name", known("name-is-text-open", ["functionary-v3.2"]))

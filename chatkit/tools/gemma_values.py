@@ -4,8 +4,8 @@ Gemma 4's template writes a call's arguments as ``key:value`` pairs in sorted ke
 (Jinja's ``dictsort``), keys bare, a string as raw text between two ``<|"|>`` markers,
 ``true`` / ``false`` / ``None``, numbers as Python writes them, and lists and objects of such
 values (``tags:[<|"|>a<|"|>],where:{city:<|"|>Oslo<|"|>}``). Nothing of it is JSON but the
-numbers, so each value is a rule made from its schema here: a string's ``maxLength`` bounds
-its raw text (its ``pattern`` and ``format`` are left to the validator, as for XML dialects),
+numbers, so each value is a rule made from its schema here: a string's length, ``pattern``
+and ``format`` bound its raw text (as for XML dialects: ``lark_text.string_regexes``),
 numbers are ``%json`` with chatkit's bounds, an array's ``minItems``/``maxItems`` bound its
 items. A schema keyword this encoding cannot enforce is refused by name
 (``SchemaUnsupported``), never dropped.
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..errors import SchemaUnsupported
 from .dialects import Dialect, gemma_order, gemma_value
-from .lark_text import RAW_STRING_MAX, resolves_to_string, text_markup
+from .lark_text import resolves_to_string, text_markup
 
 __all__: list[str] = []
 
@@ -30,7 +30,7 @@ class Rules(Protocol):
     def add(self, name: str, body: str) -> str: ...
     def lit(self, text: str) -> str: ...
     def json_value(self, name: str, schema: dict[str, Any]) -> str: ...
-    def raw_value(self, close: str, lo: int, hi: int) -> str: ...
+    def raw_value(self, close: str, schema: dict[str, Any]) -> str: ...
     def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str: ...
 
 REFUSED = ("uniqueItems", "contains", "prefixItems", "oneOf", "allOf", "not", "if",
@@ -113,8 +113,7 @@ def _string(b: Rules, name: str, schema: dict[str, Any]) -> str:
     if values:
         return b.add(name, " | ".join(_literal(b, v) for v in values))
     quote = b.dialect.args.quote
-    return f"{b.lit(quote)} " + b.raw_value(quote, schema.get("minLength", 0),
-                                           schema.get("maxLength", RAW_STRING_MAX))
+    return f"{b.lit(quote)} " + b.raw_value(quote, schema)
 
 
 def _union(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],

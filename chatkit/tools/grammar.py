@@ -35,7 +35,7 @@ from ..grammar.schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 from .dialects import ARGS, HERMES, ID, INDEX, NAME, Dialect
 from .gemma_values import gemma_params
-from .lark_text import RAW_STRING_MAX, resolves_to_string, text_markup
+from .lark_text import RAW_STRING_MAX, resolves_to_string, string_regexes, text_markup
 from .options import TOOL_CHOICES, check_parallel, check_tool_choice
 
 __all__: list[str] = []
@@ -112,7 +112,9 @@ class _Builder:
         self.arg_rules: list[str] = []
         """Per callable tool, its arguments' rule (made once, shared by every call)."""
         self.raw: set[str] = set()
-        """The raw-string lexemes made (one per length range)."""
+        """The raw-string lexemes made (one per length range and pattern)."""
+        self.raw_shapes: dict[tuple[int, int, str], str] = {}
+        """The key of each raw-string lexeme with a pattern or format."""
         self.json_rules: dict[str, str] = {}
         """Each ``%json`` body made, by its text, and its rule's name."""
 
@@ -195,22 +197,27 @@ class _Builder:
         if values:
             alts = self.add(name, " | ".join(text_markup(v) or '""' for v in values))
             return f"{alts} {self.markup(close)}"
-        return self.raw_value(close, schema.get("minLength", 0),
-                        schema.get("maxLength", RAW_STRING_MAX))
+        return self.raw_value(close, schema)
 
-    def raw_value(self, close: str, lo: int, hi: int) -> str:
-        """Raw text of ``lo`` to ``hi`` characters and its closing marker ``close``."""
+    def raw_value(self, close: str, schema: dict[str, Any]) -> str:
+        """Raw text under a string ``schema`` (its length, pattern and format: see
+        :func:`~.lark_text.string_regexes`) and its closing marker ``close``."""
         core = close.strip()
         lead = close[: len(close) - len(close.lstrip())]
         tail = close[len(lead) + len(core):]
-        # one lexeme per length range, shared by every parameter with it (a grammar of many
-        # tools would otherwise hold hundreds of equal lexemes)
-        terminal, rule = f"RAW_{lo}_{hi}", f"raw_{lo}_{hi}"
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
+        also = "".join(f" & /{r}/" for r in string_regexes(schema))
+        # one lexeme per length range (and pattern), shared by every parameter with it (a
+        # grammar of many tools would otherwise hold hundreds of equal lexemes)
+        key = f"{lo}_{hi}" + (f"_{len(self.raw_shapes)}" if also else "")
+        if also:
+            key = self.raw_shapes.setdefault((lo, hi, also), key)
+        terminal, rule = f"RAW_{key}", f"raw_{key}"
         if terminal not in self.raw:
             self.raw.add(terminal)
             # never the marker inside: the parser ends a value at its first marker
             self.rules.append(f"{terminal}: /(?s:.{{{lo},{hi}}})/ & "
-                              f"~/(?s:.*{_regex_text(core)}.*)/")
+                              f"~/(?s:.*{_regex_text(core)}.*)/{also}")
             if "<[" not in self.lit(core):
                 before = f"({text_markup(lead)})? " if lead else ""
                 self.rules.append(f"{rule}[lazy]: {terminal} {before}{text_markup(core)}")
@@ -247,6 +254,11 @@ class _Builder:
             q = _regex_text(quote)
             span = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', RAW_STRING_MAX)}}}"
             terminal = name.upper()
+            regexes = string_regexes(schema)
+            if regexes:  # the text as written is the value: no escapes
+                also = "".join(f" & /{r}/" for r in regexes)
+                self.rules.append(f"{terminal}: /[^{q}\\\\\\n\\r\\x00]{span}/{also}")
+                return self.add(name, f"{text_markup(quote)} {terminal} {text_markup(quote)}")
             self.rules.append(f"{terminal}: /{q}(?:[^{q}\\\\\\n\\r\\x00]|{PY_ESCAPE}){span}{q}/")
             return terminal
         kind = schema.get("type") if isinstance(schema, dict) else None

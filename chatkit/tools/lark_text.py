@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
+
+import llguidance
+from llguidance import regex_to_lark
+
+from ..grammar.regex_sets import without_lookarounds
 
 __all__: list[str] = []
 
@@ -34,3 +40,49 @@ def string_values(schema: dict[str, Any]) -> list[str] | None:
     if not values or not all(isinstance(v, str) for v in values):
         return None
     return list(values)
+
+
+_MONTH_DAY = (r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+              r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
+_DATE = rf"(?:[0-9]{{4}}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+_TIME = (r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
+         r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": rf"{_DATE}[Tt]{_TIME}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "ipv4": rf"(?:{_OCTET}\.){{3}}{_OCTET}",
+}
+"""A raw string's ``format`` as a regex, exactly the RFC 3339 / RFC 4122 / dotted-quad
+syntax (a date's day within its month, February 29th in leap years only). Other formats
+are checked by the tool's validator alone."""
+
+
+def string_regexes(schema: dict[str, Any]) -> list[str]:
+    """What a raw string's ``pattern`` and ``format`` add to its grammar: regexes in Lark's
+    syntax, each matched by the whole value (a pattern anchored, as llguidance anchors one
+    in JSON). A pattern with lookarounds is said without them where
+    :func:`~chatkit.grammar.regex_sets.without_lookarounds` can; one the grammar's regex
+    engine still cannot compile, and a format not in :data:`FORMATS`, is left to the tool's
+    validator (which checks every value after parsing)."""
+    out = []
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        for candidate in (pattern, without_lookarounds(pattern)):
+            if candidate is not None and _compiles(regex_to_lark(candidate)):
+                out.append(regex_to_lark(candidate))
+                break
+    fmt = schema.get("format")
+    if isinstance(fmt, str) and fmt in FORMATS:
+        out.append(FORMATS[fmt])
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _compiles(regex: str) -> bool:
+    """Whether llguidance compiles ``regex`` as a Lark terminal."""
+    grammar = llguidance.grammar_from("lark", f"start: V\nV: /{regex}/\n")
+    return not llguidance.LLMatcher.validate_grammar(grammar)
