@@ -169,6 +169,10 @@ class _Scanner:
         key = self.text[pos:end].strip()
         typed_json = bool(a.key_close_json) and self._continues(end, a.key_close_json)
         pos = _expect(self.text, end, a.key_close_json if typed_json else a.key_close)
+        if typed_json or not resolves_to_string(props.get(key)):
+            whole = self._json_then(pos, close)  # a JSON string may hold the marker
+            if whole is not None:
+                return {key: whole[0]}, _expect(self.text, whole[1], close)
         stop = self.text.find(close, pos)
         if stop < 0:
             raise _NoMatch(pos, close)
@@ -179,6 +183,17 @@ class _Scanner:
         value = raw if resolves_to_string(props.get(key)) and not typed_json \
             else _json_value(raw, key)
         return {key: value}, _expect(self.text, stop, close)
+
+    def _json_then(self, pos: int, close: str) -> tuple[Any, int] | None:
+        """A whole JSON value from ``pos`` (layout around it) and where ``close`` follows it,
+        or None: no JSON value there, or something else before ``close``."""
+        start = len(self.text) - len(self.text[pos:].lstrip())
+        try:
+            value, end = _DECODER.raw_decode(self.text, start)
+        except ValueError:
+            return None
+        after = len(self.text) - len(self.text[end:].lstrip())
+        return (value, after) if self.text.startswith(close, after) else None
 
     def head(self, pos: int, index: int) -> tuple[str, str | None, int]:
         """Call ``index`` from ``pos`` (its section opening or separator first) up to its
