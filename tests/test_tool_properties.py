@@ -41,11 +41,18 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
-from chatkit import Constraint, Model, SchemaUnsupported, ToolArgumentsInvalid, ToolCall
+from chatkit import (
+    Constraint,
+    Model,
+    SchemaUnsupported,
+    ToolArgumentsInvalid,
+    ToolCall,
+    ToolDefinitionError,
+)
 from chatkit.grammar.value_checks import known_format
 from chatkit.tools.definition import Tool
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
-from chatkit.tools.grammar import DEFAULT_MAX_CALLS, call_head, markup_for, tool_grammar
+from chatkit.tools.grammar import DEFAULT_MAX_CALLS, call_head, key_end, markup_for, tool_grammar
 from chatkit.tools.parser import parse_calls
 
 NAMES = sorted(DIALECTS)
@@ -70,11 +77,6 @@ KNOWN = {
     "families' templates do, the grammar wants it as JSON ('\"x\"'), and the parser reads raw "
     "text as JSON where it can: 'x' is refused by the grammar, 'null' and '5' are accepted and "
     "read back as None and 5",
-    "xml-enum-marker": "XML dialects: an enum/const string holding the close marker: the "
-    "grammar accepts the literal alternative, the parser ends the value at the first marker",
-    "xml-key-close": "XML dialects: a parameter name holding the key's closing marker "
-    "(qwen3-xml/seed-oss '>', glm-4.5 '</arg_key>', minimax-m2 '\">'): the grammar writes it, "
-    "the parser ends the name at it",
     "xml-leading-space": "qwen3-xml: '<parameter=s> x' (the optional line break after '>' left "
     "out, the value starts with a space): the parser takes one whitespace character of any "
     "kind as the layout and reads 'x'",
@@ -85,12 +87,6 @@ KNOWN = {
     "number-spelling": "JSON numbers (every dialect): the grammar's bounded-number lexer "
     "refuses -0.0 (json.dumps(-0.0)) anywhere, and the float spelling of a one-point range "
     "(minimum == maximum == 2 refuses 2.0, takes 2); render_calls writes both",
-    "unicode-space": "dialects whose calls open without a markup word or text wrapper "
-    "(llama3-json, llama4-pythonic): U+001C..U+001F are whitespace to Python's lstrip but "
-    "not to the grammar's \\s, so '\\x1c' + a call opening is plain text to the grammar "
-    "(auto) and a call to the parser",
-    "name-is-text-open": "functionary-v3.2: a tool named 'all' writes 'all\\n{...}', which is "
-    "also the text wrapper: the grammar takes it as a call, the parser returns it as text",
 }
 
 
@@ -189,8 +185,6 @@ def without(text: str, marker: str) -> str:
 
 
 # ------------------------------------------------------------------ tools
-LT = "\u2039"
-"""What stands for '<' where a string may hold none."""
 ENUM = ["red", "dark blue", "it's", 'say "hi"', "back\\slash", "", " pad ", "x\ny", "é😀",
         "True", "null"]
 
@@ -519,8 +513,6 @@ def leaf_schemas(draw: st.DrawFn, d: Dialect) -> dict[str, Any]:
     union_string = d.args.kind != "xml"  # KNOWN xml-union-string
     kind = draw(st.sampled_from(kinds))
     words = st.text(max_size=8).map(spellable)
-    if d.args.kind == "xml":  # KNOWN xml-enum-marker
-        words = words.map(lambda s: s.replace("<", LT))
     lo = draw(st.integers(-1000, 1000))
     made: dict[str, Any] = {
         "string": {"type": "string"},
@@ -654,8 +646,7 @@ def _valid(tool: Tool) -> Callable[[Any], bool]:
 class Walk:
     """Steps through a grammar by its token masks, choosing by hypothesis draws: most often
     a whole marker or closer (``macros``), else one of a few characters of interest
-    (``menu``), else any token the mask allows. Tokens ``KNOWN`` keeps out are never
-    chosen one at a time (a macro may still write a valid escape)."""
+    (``menu``), else any token the mask allows."""
 
     def __init__(self, engine: Model, d: Dialect, tools: Sequence[Tool]) -> None:
         self.engine = engine
@@ -666,7 +657,6 @@ class Walk:
             words.update(t.definition.parameters_schema.get("properties", {}))
         words.update(markup_texts(d))
         words.update(m.strip() for m in markup_texts(d) if m.strip())
-        words -= {"\x1c"}  # KNOWN unicode-space
         self.macros = sorted({tuple(engine.tokenize(w, special=False)) for w in words if w})
         self.closers = [tuple(engine.tokenize(w, special=False)) for w in
                         [d.args.value_close, d.args.value_close.strip(), '"', "'", "}", "]",
@@ -679,9 +669,6 @@ class Walk:
             if len(toks) == 1:
                 menu.add(toks[0])
         self.menu = np.array(sorted(menu))
-        banned = [b"\x1c", b"\x1d", b"\x1e", b"\x1f"]  # KNOWN unicode-space
-        self.banned = np.array([any(b in engine.token_bytes(t) for b in banned)
-                                for t in range(engine.n_vocab)])
         self.row = np.zeros(engine.n_vocab, dtype=np.float32)
         self.layout_rule = d.args.kind == "xml"
 
@@ -689,7 +676,7 @@ class Walk:
         self.row[:] = 0
         c.process(self.row, [])
         ids = np.flatnonzero(np.isfinite(self.row))
-        return ids[(ids != c.stop_token) & ~self.banned[ids]]
+        return ids[ids != c.stop_token]
 
     def run(self, data: st.DataObject, c: Constraint, steps: int = 90) -> list[int] | None:
         c.reset()
@@ -886,8 +873,9 @@ def test_known_xml_union_parameter_holding_a_string(engine: Model, name: str,
     _written_agree(engine, DIALECTS[name], XML_UNION, args)
 
 
-@pytest.mark.parametrize("name", known("xml-enum-marker", XML))
-def test_known_xml_enum_holding_the_close_marker(engine: Model, name: str) -> None:
+@pytest.mark.parametrize("name", XML)
+def test_an_xml_enum_member_may_hold_the_close_marker(engine: Model, name: str) -> None:
+    """Was a mismatch (the grammar took the member, the parser ended it at the marker)."""
     d = DIALECTS[name]
     value = "a" + d.args.value_close.strip() + "b"
     _written_agree(engine, d, _obj({"e": {"enum": [value, "c"]}}, ["e"]), {"e": value})
@@ -897,10 +885,13 @@ XML_KEYS = {"qwen3-xml": "a>b", "seed-oss": "a>b", "glm-4.5": "a</arg_key>b",
             "minimax-m2": 'a">b'}
 
 
-@pytest.mark.parametrize("name", known("xml-key-close", XML))
-def test_known_xml_parameter_name_holding_the_key_close(engine: Model, name: str) -> None:
-    key = XML_KEYS[name]
-    _written_agree(engine, DIALECTS[name], _obj({key: {"type": "string"}}, [key]), {key: "x"})
+@pytest.mark.parametrize("name", XML)
+def test_an_xml_parameter_name_holding_the_key_close_is_refused_by_name(name: str) -> None:
+    """Was a mismatch (the grammar wrote the name, the parser ended it at the marker)."""
+    key = XML_KEYS[name] if name in XML_KEYS else "a" + key_end(DIALECTS[name]) + "b"
+    with pytest.raises(SchemaUnsupported, match="cannot be read back"):
+        tool_grammar([Tool.from_schema("f", _obj({key: {"type": "string"}}, [key]))],
+                     dialect=DIALECTS[name])
 
 
 def _py_reply(d: Dialect, args: str, name: str = "f") -> str:
@@ -1038,8 +1029,8 @@ def test_known_text_reply_with_text_before_calls(engine: Model, name: str) -> No
 
 
 @pytest.mark.parametrize("space", ["\x1c", "\x1f"])
-@pytest.mark.parametrize("name", known("unicode-space", ["llama3-json", "llama4-pythonic"]))
-def test_known_unicode_separator_before_a_call_opening(engine: Model, name: str,
+@pytest.mark.parametrize("name", ["llama3-json", "llama4-pythonic"])
+def test_a_unicode_separator_before_a_call_opening_is_text(engine: Model, name: str,
                                                        space: str) -> None:
     d = DIALECTS[name]
     reply = space + d.trigger + "nope"  # plain text to the grammar, a call to the parser
@@ -1076,9 +1067,12 @@ def test_a_raw_string_keeps_its_pattern_and_format_in_the_grammar(
                 parse_calls(wire, [tool], d)
 
 
-@pytest.mark.parametrize("name", known("name-is-text-open", ["functionary-v3.2"]))
-def test_known_tool_named_like_the_text_wrapper(engine: Model, name: str) -> None:
-    _written_agree(engine, DIALECTS[name], STR_TOOL, {"s": "x"}, name="all")
+@pytest.mark.parametrize("name", ["functionary-v3.2"])
+def test_a_tool_named_like_the_text_wrapper_is_refused_by_name(name: str) -> None:
+    """Was a mismatch (Functionary's 'all\\n{...}' is its text wrapper: the grammar took a
+    call of a tool named 'all', the parser returned it as text)."""
+    with pytest.raises(ToolDefinitionError, match="rename the tool"):
+        tool_grammar([Tool.from_schema("all", STR_TOOL)], dialect=DIALECTS[name])
 
 
 @pytest.mark.parametrize("name", known("json-del", JSON_ARGS))

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..engine.protocols import Vocabulary
-from ..errors import SchemaUnsupported
+from ..errors import SchemaUnsupported, ToolDefinitionError
 from ..grammar.schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 from .dialects import ARGS, HERMES, ID, INDEX, NAME, Dialect
@@ -159,6 +159,10 @@ class _Builder:
             return self.add(name, gemma_params(self, name, schema, defs, "") or '""')
         items = []
         for j, (key, sub) in enumerate(props.items()):
+            if kind == "xml" and (key_end(self.dialect) in key or key != key.strip()):
+                raise SchemaUnsupported("properties", f"/{key}", "an XML parameter name ends "
+                                        f"at {key_end(self.dialect)!r} and has no layout "
+                                        "around it: this name cannot be read back")
             if kind == "python" and (not key.isidentifier() or keyword.iskeyword(key)):
                 raise SchemaUnsupported("properties", f"/{key}", "a pythonic call writes "
                                         "name=value: a parameter name must be a Python "
@@ -339,6 +343,12 @@ def _py_literal(value: str, quote: str) -> str:
     return f"{quote}{body}{quote}"
 
 
+def key_end(dialect: Dialect) -> str:
+    """Where an XML parameter's name ends (the parser's view of ``key_close``)."""
+    close = dialect.args.key_close
+    return close.split()[0] if close.strip() else close
+
+
 def call_head(dialect: Dialect) -> str:
     """The markup word a turn's calls open with (``<tool_call>``, ``[TOOL_CALLS][``), or ""
     where calls open with a name, JSON or a bare bracket (text could not end before it)."""
@@ -391,6 +401,7 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
         max_calls = min(max_calls, dialect.max_calls)
     tool_choice = check_tool_choice(tool_choice, [t.name for t in tools])
     callable_tools = [t for t in tools if tool_choice in TOOL_CHOICES or t.name == tool_choice]
+    _check_names(dialect, callable_tools)
     b = _Builder(dialect, markup)
     reason = think_budget is not None and dialect.reasoning is not None
     free = _free(b, output)
@@ -405,6 +416,20 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
     if output is None and not dialect.text_json:
         lines.append(_plain(dialect, reason))
     return "\n".join(lines + b.rules) + "\n"
+
+
+def _check_names(dialect: Dialect, tools: Sequence[Tool]) -> None:
+    """Raises ``ToolDefinitionError`` for a tool whose call would read as the dialect's text
+    (Functionary v3.2 writes text after ``all\n``, a call after its name and a line break)."""
+    if not (dialect.text_open and dialect.call and dialect.call[0] is NAME):
+        return
+    after = dialect.call[1] if len(dialect.call) > 1 and isinstance(dialect.call[1], str) else ""
+    for t in tools:
+        if (t.name + after).startswith(dialect.text_open) or \
+                dialect.text_open.startswith(t.name + after):
+            raise ToolDefinitionError(t.name, f"{dialect.name} writes text after "
+                                      f"{dialect.text_open!r}: a call of this tool would read "
+                                      "as text (rename the tool)")
 
 
 def _free(b: _Builder, output: dict[str, Any] | None) -> str:

@@ -21,8 +21,8 @@ from ..errors import ToolArgumentsInvalid
 from ..messages import ToolCall
 from .definition import Tool
 from .dialects import ARGS, ID, INDEX, NAME, Dialect
-from .grammar import call_head
-from .lark_text import resolves_to_string
+from .grammar import call_head, key_end
+from .lark_text import resolves_to_string, string_values
 
 __all__: list[str] = []
 
@@ -162,8 +162,7 @@ class _Scanner:
         a = self.d.args
         close = a.value_close.strip()
         pos = _expect(self.text, pos, a.key_open)
-        end = self.text.find(a.key_close.split()[0] if a.key_close.strip() else a.key_close,
-                             pos)
+        end = self.text.find(key_end(self.d), pos)
         if end < 0:
             raise _NoMatch(pos, a.key_close)
         key = self.text[pos:end].strip()
@@ -173,6 +172,13 @@ class _Scanner:
             whole = self._json_then(pos, close)  # a JSON string may hold the marker
             if whole is not None:
                 return {key: whole[0]}, _expect(self.text, whole[1], close)
+        elif isinstance(props.get(key), dict) and (values := string_values(props[key])):
+            for value in sorted(values, key=len, reverse=True):  # one may hold the marker
+                if self.text.startswith(value, pos):
+                    try:
+                        return {key: value}, _expect(self.text, pos + len(value), close)
+                    except _NoMatch:
+                        continue
         stop = self.text.find(close, pos)
         if stop < 0:
             raise _NoMatch(pos, close)
@@ -351,16 +357,20 @@ def _literal(node: ast.AST) -> Any:
     return value
 
 
+SPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace() and c not in "\x1c\x1d\x1e\x1f")
+"""Unicode's White_Space, the grammar's ``\\s`` (``str.isspace`` also takes U+001C..U+001F)."""
+_SPACES = re.compile(f"[{re.escape(SPACE)}]+")
+
+
 def starts_calls(text: str, dialect: Dialect) -> bool:
     """Whether a reply is calls (it opens with the dialect's call markup), not text."""
     trigger = dialect.trigger
-    stripped = text.lstrip()
+    stripped = text.lstrip(SPACE)
     head = call_head(dialect)
     if head and not stripped.startswith(head):  # the markup word exactly, as the grammar
         return False
     if trigger.strip():  # layout inside the markup as the template writes it, or none
-        return re.sub(r"\s+", "", stripped[:len(trigger) + 8]).startswith(
-            re.sub(r"\s+", "", trigger))
+        return _SPACES.sub("", stripped[:len(trigger) + 8]).startswith(_SPACES.sub("", trigger))
     return bool(stripped) and not (dialect.text_open and text.startswith(dialect.text_open))
 
 
