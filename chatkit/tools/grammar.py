@@ -167,7 +167,13 @@ class _Builder:
                 raise SchemaUnsupported("properties", f"/{key}", "a pythonic call writes "
                                         "name=value: a parameter name must be a Python "
                                         "identifier and not a keyword")
+            member = _string_member(sub, bool(self.dialect.args.key_close_json)) \
+                if kind == "xml" else None
             sub = {**sub, **defs} if isinstance(sub, dict) else sub
+            if member is not None:  # its markup up to the value is part of each branch
+                items.append(("", self.xml_union(f"{name}_{j}", key, sub, member),
+                              key in required))
+                continue
             value = (self.xml_value if kind == "xml" else self.py_value)(f"{name}_{j}", sub)
             head = key
             if kind == "xml":  # the key's markup up to the value
@@ -184,7 +190,7 @@ class _Builder:
         rule (ending with ``value_close``), optional where not required."""
         parts = []
         for head, value, required in items:  # each value rule ends with value_close
-            one = f"{self.markup(head, before_raw=True)} {value}"
+            one = f"{self.markup(head, before_raw=True)} {value}" if head else value
             parts.append(one if required else f"({one})?")
         return " ".join(parts)
 
@@ -202,6 +208,19 @@ class _Builder:
             alts = self.add(name, " | ".join(text_markup(v) or '""' for v in values))
             return f"{alts} {self.markup(close)}"
         return self.raw_value(close, schema)
+
+    def xml_union(self, name: str, key: str, schema: dict[str, Any],
+                  member: dict[str, Any]) -> str:
+        """A parameter whose schema is a union with a string member (``str | None``) in a
+        dialect whose key says the value's type (DSML's ``string="true"`` / ``"false"``):
+        a string raw after the one key markup, as the template writes it, any other
+        member JSON after the other."""
+        a = self.dialect.args
+        raw_head = self.markup(a.key_open + key + a.key_close, before_raw=True)
+        json_head = self.markup(a.key_open + key + a.key_close_json, before_raw=True)
+        json_part = f"{self.json_value(name + '_json', schema)} {self.markup(a.value_close)}"
+        return self.add(name, f"{raw_head} {self.raw_value(a.value_close, member)} | "
+                              f"{json_head} {json_part}")
 
     def raw_value(self, close: str, schema: dict[str, Any]) -> str:
         """Raw text under a string ``schema`` (its length, pattern and format: see
@@ -307,6 +326,19 @@ class _Builder:
 
 
 _SIMPLE = ("string", "null", "boolean", "integer", "number")
+
+
+def _string_member(schema: Any, typed_keys: bool) -> dict[str, Any] | None:
+    """The string member of a simple union, where the dialect's keys say the value's type
+    (``typed_keys``); None otherwise. (Where they do not, a union's value is JSON: raw text
+    that must not read as JSON needs a lexeme whose dead ends llguidance 1.9 cannot afford,
+    see docs/tools.md.)"""
+    if not typed_keys:
+        return None
+    strings = [m for m in _simple_union(schema) if m.get("type") == "string"]
+    if len(strings) != 1 or "enum" in strings[0] or "const" in strings[0]:
+        return None
+    return strings[0]
 
 
 def _simple_union(schema: Any) -> list[dict[str, Any]]:

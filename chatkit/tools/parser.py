@@ -28,6 +28,7 @@ __all__: list[str] = []
 
 _ids = itertools.count(1)
 _DECODER = json.JSONDecoder()
+_JSON_SPACE = " \t\n\r"
 
 
 class _NoMatch(Exception):
@@ -168,7 +169,9 @@ class _Scanner:
         key = self.text[pos:end].strip()
         typed_json = bool(a.key_close_json) and self._continues(end, a.key_close_json)
         pos = _expect(self.text, end, a.key_close_json if typed_json else a.key_close)
-        if typed_json or not resolves_to_string(props.get(key)):
+        # JSON where the key says so, or (untyped keys) where the schema is not a string's
+        as_json = typed_json or (not a.key_close_json and not resolves_to_string(props.get(key)))
+        if as_json:
             whole = self._json_then(pos, close)  # a JSON string may hold the marker
             if whole is not None:
                 return {key: whole[0]}, _expect(self.text, whole[1], close)
@@ -186,19 +189,20 @@ class _Scanner:
         lead = a.value_close[: len(a.value_close) - len(a.value_close.lstrip())]
         if lead and raw.endswith(lead):
             raw = raw[: -len(lead)]
-        value = raw if resolves_to_string(props.get(key)) and not typed_json \
-            else _json_value(raw, key)
+        value = _json_value(raw, key) if as_json else raw
         return {key: value}, _expect(self.text, stop, close)
 
     def _json_then(self, pos: int, close: str) -> tuple[Any, int] | None:
         """A whole JSON value from ``pos`` (layout around it) and where ``close`` follows it,
         or None: no JSON value there, or something else before ``close``."""
-        start = len(self.text) - len(self.text[pos:].lstrip())
+        start = len(self.text) - len(self.text[pos:].lstrip(_JSON_SPACE))
         try:
             value, end = _DECODER.raw_decode(self.text, start)
         except ValueError:
             return None
-        after = len(self.text) - len(self.text[end:].lstrip())
+        if not _utf8(value):
+            return None
+        after = len(self.text) - len(self.text[end:].lstrip(_JSON_SPACE))
         return (value, after) if self.text.startswith(close, after) else None
 
     def head(self, pos: int, index: int) -> tuple[str, str | None, int]:
@@ -333,9 +337,19 @@ def _gemma_pairs(text: str, pos: int, quote: str, close: str, *,
 
 def _json_value(raw: str, key: str) -> Any:
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except ValueError:
         return raw  # the validator names it (a string where the schema wants another type)
+    return value if _utf8(value) else raw
+
+
+def _utf8(value: Any) -> bool:
+    """Whether a JSON value's strings are text (no lone surrogate from a ``\\ud83d``)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False,
