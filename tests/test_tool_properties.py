@@ -131,7 +131,6 @@ def refusal(engine: Model, c: Constraint, text: str) -> str | None:
     """None when ``c`` accepts ``text`` whole (and the end of turn after it), else where
     and how it refused."""
     toks = tokens(engine, text)
-    c.reset()  # a cached constraint: a refusal before left it where it stopped
     if c.accepts(toks):
         return None
     c.reset()
