@@ -229,12 +229,12 @@ class _Builder:
         lead = close[: len(close) - len(close.lstrip())]
         tail = close[len(lead) + len(core):]
         lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
-        also = "".join(f" & /{r}/" for r in string_regexes(schema))
+        also = _also(schema)
         # one lexeme per length range (and pattern), shared by every parameter with it (a
         # grammar of many tools would otherwise hold hundreds of equal lexemes)
-        key = f"{lo}_{hi}" + (f"_{len(self.raw_shapes)}" if also else "")
+        key = f"{lo}_{hi}"
         if also:
-            key = self.raw_shapes.setdefault((lo, hi, also), key)
+            key = self.raw_shapes.setdefault((lo, hi, also), f"{key}_{len(self.raw_shapes)}")
         terminal, rule = f"RAW_{key}", f"raw_{key}"
         if terminal not in self.raw:
             self.raw.add(terminal)
@@ -277,9 +277,8 @@ class _Builder:
             q = _regex_text(quote)
             span = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', RAW_STRING_MAX)}}}"
             terminal = name.upper()
-            regexes = string_regexes(schema)
-            if regexes:  # the text as written is the value: no escapes
-                also = "".join(f" & /{r}/" for r in regexes)
+            also = _also(schema)
+            if also:  # the text as written is the value: no escapes
                 self.rules.append(f"{terminal}: /[^{q}\\\\\\n\\r\\x00]{span}/{also}")
                 return self.add(name, f"{text_markup(quote)} {terminal} {text_markup(quote)}")
             self.rules.append(f"{terminal}: /{q}(?:[^{q}\\\\\\n\\r\\x00]|{PY_ESCAPE}){span}{q}/")
@@ -373,6 +372,11 @@ def _py_literal(value: str, quote: str) -> str:
     if quote == "'":
         body = body.replace('\\"', '"').replace("'", "\\'")
     return f"{quote}{body}{quote}"
+
+
+def _also(schema: dict[str, Any]) -> str:
+    """A raw string's pattern and format as Lark intersections (``" & /re/"``), or ""."""
+    return "".join(f" & /{r}/" for r in string_regexes(schema))
 
 
 def key_end(dialect: Dialect) -> str:

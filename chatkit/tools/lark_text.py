@@ -6,9 +6,7 @@ import functools
 import json
 from typing import Any
 
-import llguidance
-from llguidance import regex_to_lark
-
+from ..engine import bare_import
 from ..grammar.regex_sets import without_lookarounds
 
 __all__: list[str] = []
@@ -72,8 +70,9 @@ def string_regexes(schema: dict[str, Any]) -> list[str]:
     pattern = schema.get("pattern")
     if isinstance(pattern, str):
         for candidate in (pattern, without_lookarounds(pattern)):
-            if candidate is not None and _compiles(regex_to_lark(candidate)):
-                out.append(regex_to_lark(candidate))
+            lark = None if candidate is None else candidate.replace("/", "\\/")
+            if lark is not None and _compiles(lark):
+                out.append(lark)
                 break
     fmt = schema.get("format")
     if isinstance(fmt, str) and fmt in FORMATS:
@@ -84,5 +83,5 @@ def string_regexes(schema: dict[str, Any]) -> list[str]:
 @functools.lru_cache(maxsize=256)
 def _compiles(regex: str) -> bool:
     """Whether llguidance compiles ``regex`` as a Lark terminal."""
-    grammar = llguidance.grammar_from("lark", f"start: V\nV: /{regex}/\n")
-    return not llguidance.LLMatcher.validate_grammar(grammar)
+    matcher = bare_import.llguidance().LLMatcher
+    return not matcher.validate_grammar(matcher.grammar_from_lark(f"start: V\nV: /{regex}/\n"))
