@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from chatkit import Constraint, Model
+from chatkit import ChatkitError, Constraint, Model
 from chatkit.chat.plan import _tools_constraint
 from chatkit.tools.definition import Tool
 from chatkit.tools.dialects import DIALECTS, Dialect
-from chatkit.tools.grammar import markup_for, tool_grammar
+from chatkit.tools.grammar import Markup, markup_for, tool_grammar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,22 +46,41 @@ FILES = ["BFCL_v4_simple_python.json", "BFCL_v4_multiple.json", "BFCL_v4_live_mu
          "BFCL_v4_parallel_multiple.json"]
 
 
-def bfcl_tools(n: int) -> list[Tool]:
+def bfcl_tools() -> list[Tool]:
+    """Every BFCL function chatkit takes as a tool, distinct names, in file order."""
     from bench.bfcl import functions  # BFCL's types mapped to JSON Schema, names sanitised
 
     tools: dict[str, Tool] = {}
     for name in FILES:
         for line in (BFCL / name).read_text().splitlines():
             for f in functions(json.loads(line)):
-                if f["name"] not in tools and len(tools) < n:
+                if f["name"] not in tools:
                     try:
                         tools[f["name"]] = Tool.from_schema(f["name"], f["parameters"],
                                                             f["description"])
-                    except Exception:
+                    except ChatkitError:
                         continue
-    if len(tools) < n:
-        raise SystemExit(f"only {len(tools)} usable BFCL functions")
     return list(tools.values())
+
+
+def writable(pool: list[Tool], d: Dialect, markup: Markup, n: int) -> tuple[list[Tool], int]:
+    """The first ``n`` tools of ``pool`` that dialect ``d`` can write, and how many before
+    the last of them it refuses by name (a parameter its markup cannot hold, e.g. an
+    untyped value in Gemma 4's raw strings, a name that is not a Python identifier)."""
+    kept: list[Tool] = []
+    refused = 0
+    for t in pool:
+        if len(kept) == n:
+            break
+        try:
+            tool_grammar([t], "auto", dialect=d, markup=markup)
+        except ChatkitError:
+            refused += 1
+            continue
+        kept.append(t)
+    if len(kept) < n:
+        raise SystemExit(f"{d.name}: only {len(kept)} of {len(pool)} BFCL functions writable")
+    return kept, refused
 
 
 def _first_mask(c: Any, n_vocab: int) -> None:
@@ -113,14 +132,18 @@ def main() -> None:
     else:
         model = Model.load(n_ctx=512)
     sizes = [int(s) for s in args.sizes.split(",")]
-    pool = bfcl_tools(max(sizes))
+    pool = bfcl_tools()
     plain = args.plain
+    markup = markup_for(model)
     timed(model, pool[:1], "hermes", True, plain)  # llguidance's tokenizer, markup_for: once
     rows = []
     for dialect in args.dialects.split(","):
         cells = []
+        writ, refused = writable(pool, turn_dialect(dialect, plain), markup, max(sizes))
+        if refused:
+            print(f"  {dialect}: {refused} BFCL functions refused by name, skipped", flush=True)
         for n in sizes:
-            tools = pool[:n]
+            tools = writ[:n]
             cold = statistics.median(timed(model, tools, dialect, True, plain)
                                      for _ in range(args.repeat))
             timed(model, tools, dialect, False, plain)  # into the cache
