@@ -119,6 +119,9 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
     call = PROBE_CALLS[0]
     one = assistant_rendering(template, Message("assistant", "", tool_calls=(call,)),
                               as_text=as_text) or ""
+    thought = assistant_rendering(template, Message("assistant", "", reasoning="PROBETHINK",
+                                                    tool_calls=(call,)), as_text=as_text) or ""
+    one = one or thought  # a template that writes calls only after a think block (Command A)
     seps = d.json_separators
     if d.args.kind == "json":
         for candidate in ((", ", ": "), (",", ":")):
@@ -134,8 +137,6 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
     at = said.find("PROBETEXT")
     before = at >= 0 and bool(head) and said.find(head, at) >= 0 and \
         not said[at + len("PROBETEXT"):said.find(head, at)].strip()
-    thought = assistant_rendering(template, Message("assistant", "", reasoning="PROBETHINK",
-                                                    tool_calls=(call,)), as_text=as_text) or ""
     reasoning = None
     i = thought.find("PROBETHINK")
     k = thought.find(d.trigger, i) if d.trigger.strip() else -1
