@@ -374,3 +374,9 @@ def stream_responses_call(client: Any, model: str, tool: dict[str, Any], max_out
                                  parallel_tool_calls=False, temperature=0) as stream:
         kinds = [event.type for event in stream]
         return kinds, stream.get_final_response()
+
+
+TEXT_LEADS = {"llama4-json": ("<|python_start|>", "<|python_end|>"),
+              "functionary-v3.2": ("all\n", ">>>")}
+"""Markup around text before calls (a dialect's ``text_lead``), as detection learns it from
+Llama 4's and Functionary v3.2's templates (tests/test_tool_turns.py)."""

@@ -21,6 +21,7 @@ from chatkit.serve.stream_deltas import ReplyDeltas
 from chatkit.tools.definition import check_tools, tool
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.parser import parse_calls
+from tests.helpers import TEXT_LEADS
 
 
 @tool
@@ -139,3 +140,24 @@ def test_a_text_wrapper_close_never_streams_as_content() -> None:
     d = DIALECTS["command-r7b"]
     parts, _ = _stream(d, "<|START_RESPONSE|>Hello there<|END_RESPONSE|>")
     assert "".join(p.get("content", "") for p in parts) == "Hello there"
+
+
+LEADS = TEXT_LEADS
+
+
+@pytest.mark.parametrize("name", sorted(LEADS))
+def test_text_in_its_lead_markup_streams_as_content_then_calls(name: str) -> None:
+    d = dataclasses.replace(DIALECTS[name], text_lead=LEADS[name],
+                            json_separators=(", ", ": "))
+    open_, close = LEADS[name]
+    calls = render_calls(d, CALLS[:1])
+    section = d.section[0] if d.section else ""
+    text = open_ + "Let me check." + close + calls[len(section):]
+    parts, _ = _stream(d, text)
+    assert "".join(p.get("content", "") for p in parts) == "Let me check."
+    got, pieces = _reassemble(parts)
+    assert json.loads(got[0]["arguments"]) == CALLS[0].arguments and pieces[0] >= 2
+    plain = open_ + "Just text." if open_ == d.text_open else "Just text."
+    parts, _ = _stream(d, plain)  # no calls: all of it content, the markup none of it
+    assert "".join(p.get("content", "") for p in parts) == "Just text."
+    assert not _reassemble(parts)[0]

@@ -54,6 +54,7 @@ from chatkit.tools.definition import Tool
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, call_head, key_end, markup_for, tool_grammar
 from chatkit.tools.parser import parse_calls
+from tests.helpers import TEXT_LEADS
 
 NAMES = sorted(DIALECTS)
 XML = sorted(n for n, d in DIALECTS.items() if d.args.kind == "xml")
@@ -343,7 +344,22 @@ def variants(d: Dialect) -> list[Dialect]:
                                   else COMPACT)]
     if call_head(d) and not d.text_before and not d.text_open:  # KNOWN text-wrapper-lead
         out.append(dataclasses.replace(d, text_before=True))
+    if d.name in LEADS:
+        out.append(dataclasses.replace(d, text_lead=LEADS[d.name]))
     return out
+
+
+LEADS = TEXT_LEADS
+
+
+def with_lead(d: Dialect, said: str, wire: str) -> str:
+    """``said`` in ``d``'s ``text_lead`` markup, then the calls ``wire`` (the part of their
+    section's opening the markup wrote left out)."""
+    assert d.text_lead is not None
+    open_, close = d.text_lead
+    section = d.section[0] if d.section else ""
+    return open_ + said + close + (wire[len(section):] if section.startswith(open_ + close)
+                                   else wire)
 
 
 # ------------------------------------------------------------------ comparing calls
@@ -395,6 +411,13 @@ def test_written_calls_are_accepted_and_parse_back(engine: Model, name: str,
         said = data.draw(texts().map(lambda s: without(s, head)), label="text")
         lead = said + lead
     reply = lead + wire + trail
+    if d.text_lead and data.draw(st.booleans(), label="text first"):
+        close = d.text_lead[1]
+        # not ending in a prefix of the close ('x>' before '>>>'): the markup is then
+        # ambiguous, and grammar and parser both end the text at the first close
+        said = data.draw(texts().map(lambda s: without(s, close)).filter(
+            lambda s: bool(s.strip()) and (s + close).find(close) == len(s)), label="text")
+        reply = with_lead(d, said, wire) + trail
     for choice in ("auto",) if said else ("required", "auto"):
         assert refusal(engine, constraint(engine, d, tools, choice), reply) is None, choice
     text, got = read(reply, tools, d)
@@ -471,6 +494,11 @@ def replies(draw: st.DrawFn, d: Dialect) -> str:
     text = without(text, d.text_close.strip()) if d.text_close.strip() else text
     if not head and words and text.lstrip().startswith(words[0]):
         text = "x" + text
+    if d.text_lead:  # nor the close of text before calls, nor (plain) its opening
+        text = without(text, d.text_lead[1].strip())
+        if d.text_lead[0].strip() != d.text_open.strip() and \
+                text.lstrip().startswith(d.text_lead[0].strip()):
+            text = "x" + text
     return text
 
 

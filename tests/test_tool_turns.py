@@ -189,8 +189,6 @@ def test_every_template_is_served_or_refused_by_name(path: Path) -> None:
 
 SERVED = [p for p in TEMPLATES if served(p.read_text()) is not None]
 KNOWN = {  # a turn shape the template writes that chatkit does not generate yet
-    "llama-4": "text then call: text inside <|python_start|>...<|python_end|>",
-    "functionary-v3.2": "text then call: the text after 'all', the calls after '>>>'",
 }
 
 

@@ -194,7 +194,10 @@ class ReplyDeltas:
         self.content = ""
         self.calls: list[dict[str, Any]] = []
         """Per announced call: id, name, the arguments streamed, whether they ended."""
-        self.mode: str | None = None  # "content" or "calls", once the body shows which
+        self.mode: str | None = None
+        """"content", "calls", or "said" (text in ``text_lead`` markup, calls may follow),
+        once the body shows which."""
+        self.lead_at = 0  # where the body's first markup begins
         self.dialect_calls = _DialectCalls(self)
 
     def feed(self, delta: str) -> list[dict[str, Any]]:
@@ -250,6 +253,8 @@ class ReplyDeltas:
         if self.mode == "content" and self.dialect.text_json:
             self.pos = len(self.text)  # a JSON string: said whole by finish()
             return None
+        if self.mode == "said":
+            return self._said_then_calls(rest)
         if self.mode == "content" and self.head and not self.dialect.text_close:
             return self._content_then_calls(rest)
         if self.mode == "content":
@@ -294,6 +299,32 @@ class ReplyDeltas:
         self.content += text
         return {"content": text}
 
+    def _said_then_calls(self, rest: str) -> dict[str, Any] | None:
+        """Text inside the dialect's ``text_lead`` markup, up to its closing markup (held
+        back while it may be forming); then the calls: the lead is cut from the raw text
+        and the calls' section opening it wrote put back, so the calls read as written
+        alone."""
+        assert self.dialect.text_lead is not None
+        open_, close = self.dialect.text_lead
+        at = rest.find(close)
+        if at >= 0:
+            said = rest[:at]
+            section = self.dialect.section[0] if self.dialect.section else ""
+            restored = section if section.startswith(open_ + close) else ""
+            self.text = self.text[:self.lead_at] + restored + rest[at + len(close):]
+            self.pos = self.start = self.lead_at
+            self.mode = "calls"
+        else:
+            keep = _held(rest, close)
+            said = rest[: len(rest) - keep]
+            self.pos += len(said)
+        if not self.content:
+            said = said.lstrip()
+        if not said:
+            return {} if at >= 0 else None
+        self.content += said
+        return {"content": said}
+
     def _choose(self, rest: str) -> dict[str, Any] | None:
         """Content or calls, once the body's start says which (None: not yet)."""
         d = self.dialect
@@ -302,14 +333,16 @@ class ReplyDeltas:
         probe = rest.lstrip()
         if not probe:
             return None
-        for marker, mode in ((opening, "calls"), (text_open, "content")):
+        lead = d.text_lead[0] if d.text_lead and self.tools else ""
+        for marker, mode in ((opening, "calls"), (lead, "said"), (text_open, "content")):
             if (not self.tools and mode == "calls") or not marker:
                 continue
             if marker.startswith(probe[: len(marker)]):
                 if len(probe) < len(marker):
                     return None  # could still be the marker
                 self.mode = mode
-                if mode == "content":
+                self.lead_at = self.pos + len(rest) - len(probe)
+                if mode != "calls":
                     self.pos += len(rest) - len(probe) + len(marker)
                 self.start = self.pos
                 return {}

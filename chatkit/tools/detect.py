@@ -137,6 +137,7 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
     at = said.find("PROBETEXT")
     before = at >= 0 and bool(head) and said.find(head, at) >= 0 and \
         not said[at + len("PROBETEXT"):said.find(head, at)].strip()
+    lead = _text_lead(d, said, one, at) if not before and at >= 0 and one else None
     reasoning = None
     i = thought.find("PROBETHINK")
     k = thought.find(d.trigger, i) if d.trigger.strip() else -1
@@ -144,7 +145,28 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
         close = thought[i + len("PROBETHINK"):k]
         if close.strip() and (i == 0 or thought[:i].strip()):
             reasoning = (thought[:i], close)
-    return dataclasses.replace(d, text_before=before, reasoning=reasoning)
+    if lead is not None and reasoning is not None and lead[0] == reasoning[0]:
+        lead = None  # the text goes into the think block (harmony's analysis channel)
+    return dataclasses.replace(d, text_before=before, text_lead=lead, reasoning=reasoning)
+
+
+def _text_lead(d: Dialect, said: str, one: str, at: int) -> tuple[str, str] | None:
+    """The markup around a sentence before a call (``said``: the rendering of "PROBETEXT"
+    then the call, at ``at``; ``one``: the call alone), where it is not plain text before the
+    calls' markup word: before the call as the template writes it alone (Functionary v3.2's
+    ``all\nPROBETEXT>>>``), or inside the opening of the calls' section (Llama 4's
+    ``<|python_start|>PROBETEXT<|python_end|>``). None otherwise."""
+    end = at + len("PROBETEXT")
+    if said.endswith(one) and end <= len(said) - len(one):
+        lead = (said[:at], said[end:len(said) - len(one)])
+    elif d.section and said[:at] + said[end:] == one and 0 < at < len(d.section[0]) and \
+            one.startswith(d.section[0]):
+        lead = (d.section[0][:at], d.section[0][at:])
+    else:
+        return None
+    head = d.trigger.split()[0] if d.trigger.split() else ""
+    return lead if lead[1].strip() and not (head and head in lead[1]) else None
+
 
 
 def _probe(template: ChatTemplate, calls: Sequence[ToolCall], *,

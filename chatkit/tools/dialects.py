@@ -122,6 +122,10 @@ class Dialect:
     text_before: bool = False
     """A turn may say text before its calls (the template renders content, then calls);
     only where the calls open with markup, so the text's end is unambiguous."""
+    text_lead: tuple[str, str] | None = None
+    """Markup around text written before the calls where the text is not simply followed
+    by the calls' markup word (Llama 4's ``<|python_start|>`` ... ``<|python_end|>``,
+    Functionary v3.2's ``all\n`` ... ``>>>``): the calls follow its closing markup."""
     reasoning: tuple[str, str] | None = None
     """The think block's opening and closing markup as the template writes it before a
     reply (``("<think>\n", "\n</think>\n\n")``), where it renders reasoning."""

@@ -398,8 +398,9 @@ def _plain(dialect: Dialect, reasoning: bool) -> str:
     """Free text, never empty (an empty turn is neither an answer nor a call) and never the
     call opening: its markup word (``<tool_call>``, ``[TOOL_CALLS]``) nowhere in it;
     otherwise (``{"name":``, a bare ``[``) not at its start. Where the text has a closing
-    marker (Command R7B's ``<|END_RESPONSE|>``), the text never holds it; with a think
-    block, text never opens with the block's marker."""
+    marker (Command R7B's ``<|END_RESPONSE|>``), the text never holds it; nor the closing
+    markup of text before calls (``text_lead``), nor opens with its opening markup; with a
+    think block, text never opens with the block's marker."""
     banned = []
     head = call_head(dialect)
     words = dialect.trigger.split()
@@ -407,8 +408,11 @@ def _plain(dialect: Dialect, reasoning: bool) -> str:
         banned.append("(?s:.*" + _regex_text(head) + ".*)")
     elif words:
         banned.append("(?s:\\s*" + _regex_text(words[0]) + ".*)")
-    if dialect.text_close.strip():
-        banned.append("(?s:.*" + _regex_text(dialect.text_close.strip()) + ".*)")
+    for close in (dialect.text_close, dialect.text_lead[1] if dialect.text_lead else ""):
+        if close.strip():
+            banned.append("(?s:.*" + _regex_text(close.strip()) + ".*)")
+    if dialect.text_lead and dialect.text_lead[0].strip() != dialect.text_open.strip():
+        banned.append("(?s:\\s*" + _regex_text(dialect.text_lead[0].strip()) + ".*)")
     if reasoning and dialect.reasoning and dialect.reasoning[0].strip():
         banned.append("(?s:\\s*" + _regex_text(dialect.reasoning[0].strip()) + ".*)")
     return r"PLAIN: /(?s:\s*\S.*)/" + "".join(f" & ~/{b}/" for b in banned)
@@ -446,7 +450,10 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
     else:
         calls = _calls(b, callable_tools, max_calls)
         lead = _lead(b, callable_tools, max_calls, text=tool_choice == "auto")
-        body = " | ".join(p for p in (free if tool_choice == "auto" else "", calls, lead) if p)
+        said = _said(b, callable_tools, max_calls) \
+            if tool_choice == "auto" and dialect.text_lead else ""
+        body = " | ".join(p for p in (free if tool_choice == "auto" else "", calls, lead, said)
+                          if p)
     lines = [f"start: {_reasoning(b, think_budget, think_opened)} ({body})" if reason
              else f"start: {body}"]
     if output is None and not dialect.text_json:
@@ -507,6 +514,24 @@ def _lead(b: _Builder, tools: Sequence[Tool], max_calls: int, *, text: bool) -> 
     b.rules.append(f"LEAD: /{pattern}/ & ~/(?s:.*{_regex_text(head)}.*)/")
     b.rules.append(f"lead[lazy]: LEAD {word}")
     return "lead " + _calls(b, tools, max_calls, after=head, name="calls_after")
+
+
+def _said(b: _Builder, tools: Sequence[Tool], max_calls: int) -> str:
+    """Text in the dialect's ``text_lead`` markup, then the calls (the part of their section
+    opening the markup wrote left out). The text is never empty and never holds the closing
+    markup: where that is text, text and marker are one lazy lexeme."""
+    d = b.dialect
+    assert d.text_lead is not None
+    open_, close = d.text_lead
+    written = open_ + close
+    calls = _calls(b, tools, max_calls, after=written, name="calls_said") \
+        if d.section and d.section[0].startswith(written) else "calls"
+    word = b.lit(close)
+    b.rules.append(f"SAID: /(?s:\\s*\\S.*)/ & ~/(?s:.*{_regex_text(close.strip())}.*)/")
+    if word.startswith("<["):
+        return " ".join(p for p in (b.lit(open_), "SAID", word, calls) if p)
+    b.rules.append(f"said[lazy]: SAID {word}")
+    return " ".join(p for p in (b.lit(open_), "said", calls) if p)
 
 
 def _reasoning(b: _Builder, budget: int | None, opened: bool) -> str:

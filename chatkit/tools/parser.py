@@ -486,8 +486,19 @@ def split_reasoning(text: str, dialect: Dialect, *, opened: bool,
 
 
 def _lead(text: str, dialect: Dialect) -> tuple[str, str]:
-    """Text written before the calls' markup word, and the rest (the calls, or all of the
-    text where it holds no call)."""
+    """Text written before the calls' markup word (or inside the dialect's ``text_lead``
+    markup), and the rest (the calls, their section's opening restored where the markup
+    wrote it; or all of the text where it holds no call)."""
+    if dialect.text_lead:
+        open_, close = dialect.text_lead
+        body = text.lstrip(SPACE)
+        end = body.find(close, len(open_)) if body.startswith(open_) else -1
+        if end >= 0 and body[len(open_):end].strip():
+            section = dialect.section[0] if dialect.section else ""
+            written = open_ + close
+            rest = (section if section.startswith(written) else "") + body[end + len(close):]
+            if starts_calls(rest, dialect):
+                return body[len(open_):end], rest
     head = call_head(dialect)
     at = text.find(head) if head else -1
     if at <= 0:
