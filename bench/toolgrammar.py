@@ -37,7 +37,8 @@ from chatkit import ChatkitError, Constraint, Model
 from chatkit.chat.plan import _tools_constraint
 from chatkit.tools.definition import Tool
 from chatkit.tools.dialects import DIALECTS, Dialect
-from chatkit.tools.grammar import Markup, markup_for, tool_grammar
+from chatkit.tools.grammar import tool_grammar
+from chatkit.tools.lark_text import Markup, markup_for
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

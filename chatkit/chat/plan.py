@@ -49,7 +49,8 @@ from ..tools.detect import (
     tool_setup,
 )
 from ..tools.dialects import Dialect
-from ..tools.grammar import markup_for, opening_tokens, tool_grammar
+from ..tools.grammar import opening_tokens, tool_grammar
+from ..tools.lark_text import markup_for
 from ..tools.options import check_stop_in_json
 from .options import CallOptions, Defaults, TurnOptions, resolve
 

@@ -162,6 +162,62 @@ class _DialectCalls:
                                 "function": {"arguments": fragment}}]}
 
 
+class _HermesCalls:
+    """Hermes calls as they are written: ``<tool_call>``, the name (the call announced with
+    its id), the arguments in fragments as written, ``</tool_call>``; then the next call.
+    ``calls`` is the reader's list of announced calls (shared)."""
+
+    def __init__(self, reader: ReplyDeltas) -> None:
+        self.r = reader
+
+    def step(self, rest: str) -> dict[str, Any] | None:
+        """One delta ({}: progress without one), None: wait for more text."""
+        r = self.r
+        current = r.calls[-1] if r.calls else None
+        if current is not None and not current["ended"]:
+            return self._arguments(current, rest)
+        if current is not None and not current["closed"]:
+            # the body object's end, then the markup (its line break optional)
+            squashed = rest.replace("\n", "")
+            closing = f"}}{CALL_CLOSE}"
+            if len(squashed) < len(closing) and closing.startswith(squashed):
+                return None
+            end = rest.find(CALL_CLOSE)
+            r.pos += end + len(CALL_CLOSE) if end >= 0 else len(rest)
+            current["closed"] = True
+            return {}
+        body = rest.lstrip()  # layout before a call (the grammar allows a line break or two)
+        skip = len(rest) - len(body)
+        if len(body) < len(CALL_OPEN) + 1 and f"{CALL_OPEN}\n".startswith(body):
+            return None
+        if not body.startswith(CALL_OPEN):  # the grammar allows nothing else: finish() says it
+            r.pos = len(r.text)
+            return {}
+        after = len(CALL_OPEN) + (1 if body[len(CALL_OPEN):].startswith("\n") else 0)
+        head = _HEAD.match(body, after)
+        if head is None:
+            return None  # the name is still being written
+        r.pos += skip + head.end()
+        call = {"id": f"call_{secrets.token_hex(12)}", "name": json.loads(f'"{head.group(1)}"'),
+                "arguments": "", "ended": False, "closed": False, "scan": _JsonEnd()}
+        r.calls.append(call)
+        return {"tool_calls": [{"index": len(r.calls) - 1, "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["name"], "arguments": ""}}]}
+
+    def _arguments(self, call: dict[str, Any], rest: str) -> dict[str, Any] | None:
+        r = self.r
+        end = call["scan"].feed(rest)
+        fragment = rest if end is None else rest[:end]
+        call["ended"] = end is not None
+        r.pos += len(fragment)
+        if not fragment:
+            return {} if call["ended"] else None
+        call["arguments"] += fragment
+        return {"tool_calls": [{"index": len(r.calls) - 1,
+                                "function": {"arguments": fragment}}]}
+
+
 def _complete(body: str, end: int) -> bool:
     """A scanned call is complete when more text follows it (a separator, the section's
     end): the last call of the reply is said by ``finish``."""
@@ -199,6 +255,7 @@ class ReplyDeltas:
         once the body shows which."""
         self.lead_at = 0  # where the body's first markup begins
         self.dialect_calls = _DialectCalls(self)
+        self.hermes_calls = _HermesCalls(self)
 
     def feed(self, delta: str) -> list[dict[str, Any]]:
         """The deltas ``delta`` (more raw text) makes certain."""
@@ -216,38 +273,8 @@ class ReplyDeltas:
         rest = self.text[self.pos:]
         if not rest:
             return None
-        if self.phase == "open":  # an optional think block
-            probe = rest.lstrip()
-            if len(probe) < len(self.think_open) and self.think_open.startswith(probe):
-                return None
-            if probe.startswith(self.think_open):
-                self.pos += len(rest) - len(probe) + len(self.think_open)
-                self.phase = "think"
-            else:
-                self.phase = "body"
-            return {}
-        if self.phase == "think":
-            end = rest.find(self.think_close)
-            if end >= 0:
-                self.pos += end + len(self.think_close)
-                self.phase = "gap"
-                return self._reasoning(rest[:end])
-            safe = len(rest) - _held(rest, self.think_close)
-            if safe <= 0:
-                return None
-            self.pos += safe
-            return self._reasoning(rest[:safe])
-        if self.phase == "gap":  # the "\n\n" after the think block (its close again, too)
-            if rest[0] == "\n":
-                self.pos += 1
-                return {}
-            if rest.startswith(self.think_close):
-                self.pos += len(self.think_close)
-                return {}
-            if self.think_close.startswith(rest):
-                return None  # may be the close again, still forming
-            self.phase = "body"
-            return {}
+        if self.phase != "body":
+            return self._think_step(rest)
         if self.mode is None:
             return self._choose(rest)
         if self.mode == "content" and self.dialect.text_json:
@@ -272,7 +299,43 @@ class ReplyDeltas:
             return {"content": rest}
         if not self.hermes:
             return self.dialect_calls.step()
-        return self._call_step(rest)
+        return self.hermes_calls.step(rest)
+
+    def _think_step(self, rest: str) -> dict[str, Any] | None:
+        """A step before the body: an optional think block's opening, its text, the layout
+        after it."""
+        if self.phase == "open":  # an optional think block
+            probe = rest.lstrip()
+            if len(probe) < len(self.think_open) and self.think_open.startswith(probe):
+                return None
+            if probe.startswith(self.think_open):
+                self.pos += len(rest) - len(probe) + len(self.think_open)
+                self.phase = "think"
+            else:
+                self.phase = "body"
+            return {}
+        if self.phase == "think":
+            end = rest.find(self.think_close)
+            if end >= 0:
+                self.pos += end + len(self.think_close)
+                self.phase = "gap"
+                return self._reasoning(rest[:end])
+            safe = len(rest) - _held(rest, self.think_close)
+            if safe <= 0:
+                return None
+            self.pos += safe
+            return self._reasoning(rest[:safe])
+        # the gap: the "\n\n" after the think block (its close again, too)
+        if rest[0] == "\n":
+            self.pos += 1
+            return {}
+        if rest.startswith(self.think_close):
+            self.pos += len(self.think_close)
+            return {}
+        if self.think_close.startswith(rest):
+            return None  # may be the close again, still forming
+        self.phase = "body"
+        return {}
 
     def _content_then_calls(self, rest: str) -> dict[str, Any] | None:
         """Content up to the calls' markup word (held back while it may be forming); the
@@ -358,50 +421,6 @@ class ReplyDeltas:
             return {}
         self.reasoning += text
         return {"reasoning_content": text}
-
-    def _call_step(self, rest: str) -> dict[str, Any] | None:
-        current = self.calls[-1] if self.calls else None
-        if current is not None and not current["ended"]:
-            return self._arguments(current, rest)
-        if current is not None and not current["closed"]:
-            # the body object's end, then the markup (its line break optional)
-            squashed = rest.replace("\n", "")
-            closing = f"}}{CALL_CLOSE}"
-            if len(squashed) < len(closing) and closing.startswith(squashed):
-                return None
-            end = rest.find(CALL_CLOSE)
-            self.pos += end + len(CALL_CLOSE) if end >= 0 else len(rest)
-            current["closed"] = True
-            return {}
-        body = rest.lstrip()  # layout before a call (the grammar allows a line break or two)
-        skip = len(rest) - len(body)
-        if len(body) < len(CALL_OPEN) + 1 and f"{CALL_OPEN}\n".startswith(body):
-            return None
-        if not body.startswith(CALL_OPEN):  # the grammar allows nothing else: finish() says it
-            self.pos = len(self.text)
-            return {}
-        after = len(CALL_OPEN) + (1 if body[len(CALL_OPEN):].startswith("\n") else 0)
-        head = _HEAD.match(body, after)
-        if head is None:
-            return None  # the name is still being written
-        self.pos += skip + head.end()
-        call = {"id": f"call_{secrets.token_hex(12)}", "name": json.loads(f'"{head.group(1)}"'),
-                "arguments": "", "ended": False, "closed": False, "scan": _JsonEnd()}
-        self.calls.append(call)
-        return {"tool_calls": [{"index": len(self.calls) - 1, "id": call["id"],
-                                "type": "function",
-                                "function": {"name": call["name"], "arguments": ""}}]}
-
-    def _arguments(self, call: dict[str, Any], rest: str) -> dict[str, Any] | None:
-        end = call["scan"].feed(rest)
-        fragment = rest if end is None else rest[:end]
-        call["ended"] = end is not None
-        self.pos += len(fragment)
-        if not fragment:
-            return {} if call["ended"] else None
-        call["arguments"] += fragment
-        return {"tool_calls": [{"index": len(self.calls) - 1,
-                                "function": {"arguments": fragment}}]}
 
     def finish(self, reply: Reply[Any]) -> list[dict[str, Any]]:
         """What the stream has not said of the parsed ``reply`` yet."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import keyword
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,65 +35,22 @@ from ..grammar.schema import bound_numbers, closed_objects, json_options
 from .definition import Tool
 from .dialects import ARGS, HERMES, ID, INDEX, NAME, Dialect
 from .gemma_values import gemma_params
-from .lark_text import RAW_STRING_MAX, resolves_to_string, string_regexes, text_markup
+from .lark_text import (
+    RAW_STRING_MAX,
+    Markup,
+    markup_for,
+    regex_text,
+    resolves_to_string,
+    string_regexes,
+    text_markup,
+)
 from .options import TOOL_CHOICES, check_parallel, check_tool_choice
 
 __all__: list[str] = []
 
 DEFAULT_MAX_CALLS = 4
-Markup = Callable[[str], str]
-"""Renders literal text as a Lark fragment."""
 _ANNOTATIONS = frozenset({"description", "title", "examples", "$comment"})
 """Schema keywords that say nothing about which values are valid."""
-_REGEX_META = set("\\.+*?()|[]{}^$/-&~#")
-
-
-def markup_for(engine: Vocabulary) -> Markup:
-    """Literal text as Lark for ``engine``'s vocabulary: each special-token text in it that
-    is one token becomes ``<[id]>`` (a control token cannot be matched as text), the rest
-    quoted text. Cached per engine."""
-    return engine.cache(("tool_markup",), lambda: _markup(engine))
-
-
-def _markup(engine: Vocabulary) -> Markup:
-    specials = sorted(engine.special_texts(), key=len, reverse=True)
-    cache: dict[str, str] = {}
-
-    def single(text: str) -> int | None:
-        ids = engine.tokenize(text, special=True)
-        return ids[0] if len(ids) == 1 else None
-
-    def render(text: str) -> str:
-        if text in cache:
-            return cache[text]
-        parts: list[str] = []
-        plain = ""
-        i = 0
-        while i < len(text):
-            hit = next((s for s in specials if text.startswith(s, i)), None)
-            tok = single(hit) if hit else None
-            if hit is None or tok is None:
-                plain += text[i]
-                i += 1
-                continue
-            if plain:
-                parts.append(text_markup(plain))
-                plain = ""
-            parts.append(f"<[{tok}]>")
-            i += len(hit)
-        if plain:
-            parts.append(text_markup(plain))
-        cache[text] = " ".join(parts)
-        return cache[text]
-
-    return render
-
-
-def _regex_text(text: str) -> str:
-    """``text`` as a regex matching it literally (Rust regex: only meta characters are
-    escaped; an escaped ``<`` would be a word boundary)."""
-    return "".join("\\" + c if c in _REGEX_META else "\\n" if c == "\n" else c
-                   for c in text)
 
 
 def _json_options(dialect: Dialect) -> dict[str, Any]:
@@ -240,7 +197,7 @@ class _Builder:
             self.raw.add(terminal)
             # never the marker inside: the parser ends a value at its first marker
             self.rules.append(f"{terminal}: /(?s:.{{{lo},{hi}}})/ & "
-                              f"~/(?s:.*{_regex_text(core)}.*)/{also}")
+                              f"~/(?s:.*{regex_text(core)}.*)/{also}")
             if "<[" not in self.lit(core):
                 before = f"({text_markup(lead)})? " if lead else ""
                 self.rules.append(f"{rule}[lazy]: {terminal} {before}{text_markup(core)}")
@@ -274,7 +231,7 @@ class _Builder:
             if values:
                 return self.add(name, " | ".join(
                     text_markup(_py_literal(v, quote)) for v in values))
-            q = _regex_text(quote)
+            q = regex_text(quote)
             span = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', RAW_STRING_MAX)}}}"
             terminal = name.upper()
             also = _also(schema)
@@ -405,16 +362,16 @@ def _plain(dialect: Dialect, reasoning: bool) -> str:
     head = call_head(dialect)
     words = dialect.trigger.split()
     if head:
-        banned.append("(?s:.*" + _regex_text(head) + ".*)")
+        banned.append("(?s:.*" + regex_text(head) + ".*)")
     elif words:
-        banned.append("(?s:\\s*" + _regex_text(words[0]) + ".*)")
+        banned.append("(?s:\\s*" + regex_text(words[0]) + ".*)")
     for close in (dialect.text_close, dialect.text_lead[1] if dialect.text_lead else ""):
         if close.strip():
-            banned.append("(?s:.*" + _regex_text(close.strip()) + ".*)")
+            banned.append("(?s:.*" + regex_text(close.strip()) + ".*)")
     if dialect.text_lead and dialect.text_lead[0].strip() != dialect.text_open.strip():
-        banned.append("(?s:\\s*" + _regex_text(dialect.text_lead[0].strip()) + ".*)")
+        banned.append("(?s:\\s*" + regex_text(dialect.text_lead[0].strip()) + ".*)")
     if reasoning and dialect.reasoning and dialect.reasoning[0].strip():
-        banned.append("(?s:\\s*" + _regex_text(dialect.reasoning[0].strip()) + ".*)")
+        banned.append("(?s:\\s*" + regex_text(dialect.reasoning[0].strip()) + ".*)")
     return r"PLAIN: /(?s:\s*\S.*)/" + "".join(f" & ~/{b}/" for b in banned)
 
 
@@ -508,10 +465,10 @@ def _lead(b: _Builder, tools: Sequence[Tool], max_calls: int, *, text: bool) -> 
     pattern = "(?s:.*)" if text else "[ \\t]?\\n{1,2}"
     word = b.lit(head)
     if word.startswith("<["):
-        b.rules.append(f"LEAD: /{pattern}/" + (f" & ~/(?s:.*{_regex_text(head)}.*)/"
+        b.rules.append(f"LEAD: /{pattern}/" + (f" & ~/(?s:.*{regex_text(head)}.*)/"
                                                  if text else ""))
         return "LEAD calls"
-    b.rules.append(f"LEAD: /{pattern}/ & ~/(?s:.*{_regex_text(head)}.*)/")
+    b.rules.append(f"LEAD: /{pattern}/ & ~/(?s:.*{regex_text(head)}.*)/")
     b.rules.append(f"lead[lazy]: LEAD {word}")
     return "lead " + _calls(b, tools, max_calls, after=head, name="calls_after")
 
@@ -527,7 +484,7 @@ def _said(b: _Builder, tools: Sequence[Tool], max_calls: int) -> str:
     calls = _calls(b, tools, max_calls, after=written, name="calls_said") \
         if d.section and d.section[0].startswith(written) else "calls"
     word = b.lit(close)
-    b.rules.append(f"SAID: /(?s:\\s*\\S.*)/ & ~/(?s:.*{_regex_text(close.strip())}.*)/")
+    b.rules.append(f"SAID: /(?s:\\s*\\S.*)/ & ~/(?s:.*{regex_text(close.strip())}.*)/")
     if word.startswith("<["):
         return " ".join(p for p in (b.lit(open_), "SAID", word, calls) if p)
     b.rules.append(f"said[lazy]: SAID {word}")
@@ -590,6 +547,11 @@ def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int, *, after: str = "
         else d.section[0] if d.section else ""
     open_, close = (b.markup(opening),
                     b.markup(d.section[1])) if d.section else ("", "")
+    lead_open, lead_close = d.text_lead or ("", "")
+    if lead_open and not after and opening.startswith(lead_open + lead_close):
+        # the lead's opening its own lexeme, as in text before calls: one lexeme for the
+        # whole opening would make the lexer commit to it at text that begins as its rest
+        open_ = f"{b.markup(lead_open)} {b.markup(opening[len(lead_open):])}"
     trail = '("\\n" | "\\n\\n")?'  # the layout some templates write after the calls
     b.add(name, " ".join(p for p in (open_, f"{first}{more}", close, trail) if p))
     return name

@@ -1,12 +1,15 @@
-"""Literal text and string schemas as Lark, shared by the tool-grammar builders."""
+"""Literal text and string schemas as Lark, shared by the tool-grammar builders: markers
+as a vocabulary spells them, text as a Lark string or a literal regex, string schemas' regexes."""
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ..engine import bare_import
+from ..engine.protocols import Vocabulary
 from ..grammar.regex_sets import without_lookarounds
 
 __all__: list[str] = []
@@ -19,6 +22,59 @@ RAW_STRING_MAX = 8192
 def text_markup(text: str) -> str:
     """Literal text as a Lark string (no token ids)."""
     return json.dumps(text, ensure_ascii=False) if text else ""
+
+
+Markup = Callable[[str], str]
+"""Renders literal text as a Lark fragment."""
+REGEX_META = set("\\.+*?()|[]{}^$/-&~#")
+
+
+def markup_for(engine: Vocabulary) -> Markup:
+    """Literal text as Lark for ``engine``'s vocabulary: each special-token text in it that
+    is one token becomes ``<[id]>`` (a control token cannot be matched as text), the rest
+    quoted text. Cached per engine."""
+    return engine.cache(("tool_markup",), lambda: _markup(engine))
+
+
+def _markup(engine: Vocabulary) -> Markup:
+    specials = sorted(engine.special_texts(), key=len, reverse=True)
+    cache: dict[str, str] = {}
+
+    def single(text: str) -> int | None:
+        ids = engine.tokenize(text, special=True)
+        return ids[0] if len(ids) == 1 else None
+
+    def render(text: str) -> str:
+        if text in cache:
+            return cache[text]
+        parts: list[str] = []
+        plain = ""
+        i = 0
+        while i < len(text):
+            hit = next((s for s in specials if text.startswith(s, i)), None)
+            tok = single(hit) if hit else None
+            if hit is None or tok is None:
+                plain += text[i]
+                i += 1
+                continue
+            if plain:
+                parts.append(text_markup(plain))
+                plain = ""
+            parts.append(f"<[{tok}]>")
+            i += len(hit)
+        if plain:
+            parts.append(text_markup(plain))
+        cache[text] = " ".join(parts)
+        return cache[text]
+
+    return render
+
+
+def regex_text(text: str) -> str:
+    """``text`` as a regex matching it literally (Rust regex: only meta characters are
+    escaped; an escaped ``<`` would be a word boundary)."""
+    return "".join("\\" + c if c in REGEX_META else "\\n" if c == "\n" else c
+                   for c in text)
 
 
 def resolves_to_string(schema: Any) -> bool:
