@@ -128,12 +128,18 @@ def check_turn(template: ChatTemplate, d: Dialect, shape: str) -> str | None:
     turn, opened = tool_reasoning(d, prompt_of(template, d))
     if shape == "reasoning then call" and turn.reasoning is None:  # thinking off by default
         turn, opened = tool_reasoning(d, prompt_of(template, d, thinking=True))
+    written = text
+    if shape != "reasoning then call" and opened and turn.reasoning is not None:
+        # the prompt opened a think block the history does not keep: the model reasons
+        # first, then writes what the template renders (its close, where that holds it)
+        close = turn.reasoning[1]
+        written = "Hmm." + (text if text.lstrip().startswith(close.strip()) else close + text)
     grammar = tool_grammar(TOOLS, "auto", dialect=turn, think_budget=4096,
                            think_opened=opened)
-    ok, why = accepts(grammar, text)
+    ok, why = accepts(grammar, written)
     if not ok:
         return f"{shape}: grammar: {why}"
-    reasoning, rest = split_reasoning(text, turn, opened=opened)
+    reasoning, rest = split_reasoning(written, turn, opened=opened)
     content, calls = parse_calls(rest, TOOLS, turn)
     if message.content and not content and reasoning == message.content:
         # harmony writes a call's text in its analysis channel: text and reasoning are one

@@ -75,7 +75,7 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
     template refuses it or the prompt is not a prefix. A generation prompt that closes an
     empty think block the history does not keep (Gemma 4's ``<|channel>thought\n<channel|>``
     with thinking off), or keeps only the end of (DeepSeek V3.2's ``</think>``), counts up
-    to that block."""
+    to that block; one that opens a block the history never writes, up to the opening."""
     user = Message("user", "QUESTION")
     tools = [tool or PROBE_TOOL]
     try:
@@ -97,7 +97,22 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
                 if ch in "<[" and rest.startswith(written[k:]):
                     return rest[len(written) - k:]
             return rest
-    return None
+    return _after_dropped_opener(prompt, full)
+
+
+def _after_dropped_opener(prompt: str, full: str) -> str | None:
+    """The rendering past a generation prompt that ends with a think block's opening the
+    history never writes (Apriel 1.6's ``Here are my reasoning steps:\n``): what follows
+    the part they share (cut at a line or markup boundary), where the prompt's tail is a
+    short opener the rendering does not hold. None otherwise."""
+    k = 0
+    while k < min(len(prompt), len(full)) and prompt[k] == full[k]:
+        k += 1
+    k = max(prompt.rfind("\n", 0, k), prompt.rfind(">", 0, k)) + 1
+    opener = prompt[k:]
+    if k == 0 or not opener.strip() or len(opener) > 80 or opener.strip() in full[k:]:
+        return None
+    return full[k:]
 
 
 def _turn_text(template: ChatTemplate, message: Message,
@@ -105,12 +120,18 @@ def _turn_text(template: ChatTemplate, message: Message,
     """:func:`assistant_rendering` without the markup that ends the turn (what the template
     writes after a plain answer)."""
     text = assistant_rendering(template, message, tool=tool)
-    answer = assistant_rendering(template, Message("assistant", "PROBEEND")) or ""
-    end = answer[answer.find("PROBEEND") + len("PROBEEND"):].strip() \
-        if "PROBEEND" in answer else ""
+    end = _turn_end(template, as_text=False)
     if text is not None and end and text.rstrip().endswith(end):
         return text.rstrip()[: -len(end)]
     return text
+
+
+def _turn_end(template: ChatTemplate, *, as_text: bool) -> str:
+    """The markup the template writes after a plain answer (stripped; "" when none)."""
+    answer = assistant_rendering(template, Message("assistant", "PROBEEND"),
+                                 as_text=as_text) or ""
+    return answer[answer.find("PROBEEND") + len("PROBEEND"):].strip() \
+        if "PROBEEND" in answer else ""
 
 
 def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
@@ -138,6 +159,9 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
     before = at >= 0 and bool(head) and said.find(head, at) >= 0 and \
         not said[at + len("PROBETEXT"):said.find(head, at)].strip()
     lead = _text_lead(d, said, one, at) if not before and at >= 0 and one else None
+    end = _turn_end(template, as_text=as_text)
+    if lead is not None and end and end in lead[1]:
+        lead = None  # the text is a turn of its own (Nemotron Nano v2): the model ends there
     reasoning = None
     i = thought.find("PROBETHINK")
     k = thought.find(d.trigger, i) if d.trigger.strip() else -1
