@@ -196,6 +196,27 @@ def test_clone_is_independent(smol: Model) -> None:
     assert b is not a and b.model is a.model
 
 
+@pytest.mark.parametrize("text", ["<think>\nHmm.\n</think>\n\nHi there",
+                                  "<think>Hmm.</think>Hi there"])
+def test_a_draft_crosses_a_think_blocks_text_close(smol: Model, text: str) -> None:
+    """llguidance's validate_tokens stops at the token completing a hidden stop string
+    although the matcher takes what follows: valid_prefix_len (a speculative draft's check,
+    the tests' refusals) goes on past it, and agrees with committing token by token."""
+    c = Constraint.lark('start: think close "Hi there"\n'
+                        'close: "\\n\\n" | ""\n'
+                        'think[capture, stop="</think>", max_tokens=64]: /(?s:.*)/\n',
+                        model=smol)
+    tokens = smol.tokenize(text.removeprefix("<think>").lstrip("\n"), special=False)
+    assert c.valid_prefix_len(tokens) == len(tokens)
+    for t in tokens:
+        assert c.allows(t)
+        c.commit(t)
+    assert c.is_accepting()
+    c.reset()
+    wrong = smol.tokenize("Hmm.</think>Hi where", special=False)
+    assert c.valid_prefix_len(wrong) == len(wrong) - 1
+
+
 def test_forced_tokens_follow_the_grammar(smol: Model) -> None:
     c = Constraint.json_schema(
         {"type": "object", "properties": {"decision": {"enum": ["approve"]}},

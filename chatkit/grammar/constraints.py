@@ -32,7 +32,7 @@ from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaIn
 from . import slices
 from .guard import Guard, chosen
 from .limits import native_limits
-from .masks import Prepared, apply_prepared, bit_set, mask_words, prepare_bitmask
+from .masks import Prepared, apply_prepared, bit_set, mask_words, prepare_bitmask, valid_prefix
 from .schema import (
     NUMBER_DIGITS,
     Digits,
@@ -212,8 +212,9 @@ class GrammarSteps:
         return ff
 
     def valid_prefix_len(self, draft: Sequence[int]) -> int:
-        """How many leading tokens of ``draft`` the grammar accepts, in order (pure)."""
-        return int(self._live().validate_tokens(list(draft)))
+        """How many leading tokens of ``draft`` the grammar accepts, in order (pure; see
+        :func:`~chatkit.grammar.masks.valid_prefix` for the cost past a hidden stop)."""
+        return valid_prefix(self._live(), list(draft), hidden_stops="stop=" in self.grammar)
 
     def accepts(self, tokens: Sequence[int]) -> bool:
         """Reset, then whether ``tokens`` are a complete reply this constraint accepts: the

@@ -1,5 +1,5 @@
 """Token masks as numbers: llguidance's bit words cut to a vocabulary, and applied to a
-logits row (sparse ids or an additive bias row)."""
+logits row (sparse ids or an additive bias row); a draft's valid prefix."""
 
 from __future__ import annotations
 
@@ -76,3 +76,28 @@ def apply_prepared(logits: NDArray[np.float32], prepared: Prepared) -> None:
 def apply_bitmask(logits: NDArray[np.float32], words: NDArray[np.int32]) -> None:
     """Set logits whose bit is 0 to -inf, in place; bits past ``len(logits)`` are ignored."""
     apply_prepared(logits, prepare_bitmask(words, logits.shape[0]))
+
+
+def valid_prefix(matcher: Any, tokens: list[int], *, hidden_stops: bool) -> int:
+    """How many leading ``tokens`` ``matcher`` accepts, in order (the matcher unchanged).
+
+    llguidance's ``validate_tokens`` stops at the token that completes a hidden stop string
+    (a think block's closing text, ``stop="</think>"``) although the matcher and its mask
+    take the tokens after it. Where the grammar has such stops (``hidden_stops``), the rest
+    is validated from there on a copy, a token at a time across each such point (cost: one
+    matcher copy, only where a draft stops short)."""
+    n = int(matcher.validate_tokens(tokens))
+    if n == len(tokens) or not hidden_stops:
+        return n
+    copy = matcher.deep_copy()
+    done = 0
+    while done + n < len(tokens):
+        for t in tokens[done:done + n]:
+            copy.consume_token(t)
+        done += n
+        if copy.validate_tokens(tokens[done:done + 1]) != 1:
+            return done
+        copy.consume_token(tokens[done])
+        done += 1
+        n = int(copy.validate_tokens(tokens[done:]))
+    return done + n
