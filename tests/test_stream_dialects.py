@@ -135,6 +135,37 @@ def test_a_think_close_written_twice_is_not_content() -> None:
     assert split_reasoning(text, d, opened=False) == ("Rome.", call)
 
 
+@pytest.mark.parametrize("body", ["text", "calls"])
+def test_atem_streams_by_recipient(body: str) -> None:
+    """Muse Glimmer's ATEM names each message's recipient: ' to=self' reasoning, ' to=user'
+    text, ' to=NAME' a call. Text is never announced as a call (both open ' to=')."""
+    from chatkit.tools.parser import split_reasoning
+
+    think = (" to=self<|message|>", "<|eom|><|start|>assistant")
+    d = dataclasses.replace(DIALECTS["atem"], reasoning=think, json_separators=(", ", ": "))
+    rest = " to=user<|message|>Hello." if body == "text" else render_calls(d, CALLS)
+    text = think[0] + "Oslo." + think[1] + rest
+    deltas = ReplyDeltas(thinking=False, tools=True, dialect=d, tool_list=tuple(TOOLS),
+                         think_open=think[0], think_close=think[1])
+    streamed = [p for ch in text for p in deltas.feed(ch)]
+    assert split_reasoning(text, d, opened=False) == ("Oslo.", rest)
+    said, calls = parse_calls(rest, TOOLS, d)
+    parts = streamed + deltas.finish(Reply(text=said, finish_reason="stop", parsed=None,
+                                           reasoning="Oslo.",
+                                           usage=Usage(0, 0, 0, 0.0, 0.0), tool_calls=calls))
+    assert "".join(p.get("reasoning_content", "") for p in parts) == "Oslo."
+    content = "".join(p.get("content", "") for p in parts)
+    got, _ = _reassemble(parts)
+    if body == "text":
+        assert content == "Hello." and not got
+        assert "".join(p.get("content", "") for p in streamed) == "Hello."  # as written
+        assert parse_calls(rest, TOOLS, d) == ("Hello.", [])
+    else:
+        assert not content.strip()
+        assert [json.loads(c["arguments"]) for c in got.values()] == \
+            [c.arguments for c in CALLS]
+
+
 def test_a_text_wrapper_close_never_streams_as_content() -> None:
     """Command R7B's text is wrapped: its closing marker is not content."""
     d = DIALECTS["command-r7b"]

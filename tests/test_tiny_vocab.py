@@ -107,6 +107,7 @@ USER_DEFINED: dict[str, set[str]] = {
     # CONTROL in the GGUF; llama.cpp's vocabulary loader makes these USER_DEFINED wherever it
     # finds them (its gpt-oss special case: always rendered, and <|end|> no end of generation)
     "gpt-oss": {"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>"},
+    "muse-glimmer": {"<|start|>", "<|message|>"},  # the same special case
     # placed families whose tool markup's token type is not known: user-defined (added,
     # not special), as an added token is by default; GLM-4.5's are all special
     "minimax-m2": {"<minimax:tool_call>", "</minimax:tool_call>", *_THINK},
@@ -171,6 +172,7 @@ TOOL_TURNS = [  # (family, its template, the dialect, the marker the calls open 
     _case("llama-4", "llama-4", "llama4-json", "<|python_start|>"),
     _case("llama-4", "llama-4", "llama4-pythonic", None, tool_format="llama4-pythonic"),
     _case("gemma-4", "gemma-4-it", "gemma-4", "<|tool_call>"),  # strings in <|"|> tokens
+    _case("muse-glimmer", "muse-glimmer", "atem", "<|message|>"),  # ' to=NAME' is text
     # a template with no tool syntax keeps its own template with the generic envelope
     _case("gemma-4", "gemma-3-it", "generic", None),
 ]

@@ -1170,12 +1170,38 @@ def test_a_raw_string_keeps_its_pattern_and_format_in_the_grammar(
                 parse_calls(wire, [tool], d)
 
 
-@pytest.mark.parametrize("name", ["functionary-v3.2"])
-def test_a_tool_named_like_the_text_wrapper_is_refused_by_name(name: str) -> None:
+@pytest.mark.parametrize(("name", "tool"), [("functionary-v3.2", "all"), ("atem", "user"),
+                                           ("atem", "self")])
+def test_a_tool_named_like_the_text_wrapper_is_refused_by_name(name: str, tool: str) -> None:
     """Was a mismatch (Functionary's 'all\\n{...}' is its text wrapper: the grammar took a
-    call of a tool named 'all', the parser returned it as text)."""
+    call of a tool named 'all', the parser returned it as text; ATEM's ' to=user' is text,
+    ' to=self' reasoning)."""
+    d = DIALECTS[name]
+    if name == "atem":
+        d = dataclasses.replace(d, reasoning=(" to=self<|message|>", "<|eom|><|start|>assistant"))
     with pytest.raises(ToolDefinitionError, match="rename the tool"):
-        tool_grammar([Tool.from_schema("all", STR_TOOL)], dialect=DIALECTS[name])
+        tool_grammar([Tool.from_schema(tool, STR_TOOL)], dialect=d)
+
+
+def test_a_tool_whose_name_begins_as_the_text_wrapper_is_a_call(engine: Model) -> None:
+    """ATEM writes text after ' to=user<|message|>' and a call after ' to=NAME<|message|>':
+    a tool named 'user_info' (or 'selfie') is called, and plain text is text. Was refused
+    at the name's '_' (the text's opening one lexeme, the lexer committed to it)."""
+    d = dataclasses.replace(DIALECTS["atem"],
+                            reasoning=(" to=self<|message|>", "<|eom|><|start|>assistant"))
+    tools = [Tool.from_schema("user_info", STR_TOOL), Tool.from_schema("selfie", STR_TOOL)]
+    turn = Constraint.lark(tool_grammar(tools, "auto", dialect=d, markup=markup_for(engine),
+                                        think_budget=64), model=engine)
+    for name in ("user_info", "selfie"):
+        wire = render_calls(d, one(next(t for t in tools if t.name == name), {"s": "x"}))
+        for reply in (wire, " to=self<|message|>Hmm.<|eom|><|start|>assistant" + wire):
+            turn.reset()
+            assert refusal(engine, turn, reply) is None, reply
+        assert [c.name for c in parse_calls(wire, tools, d)[1]] == [name]
+    text = " to=user<|message|>Hello there."
+    turn.reset()
+    assert refusal(engine, turn, text) is None
+    assert parse_calls(text, tools, d) == ("Hello there.", [])
 
 
 @pytest.mark.parametrize("name", known("json-del", JSON_ARGS))

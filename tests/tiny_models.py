@@ -148,6 +148,7 @@ _LFM2 = ["<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_
          "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"]
 _GRANITE = ["<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>", "<|start_of_cite|>",
             "<|end_of_cite|>", "<|start_of_plugin|>", "<|end_of_plugin|>"]
+_ATEM = ["<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "<|patch|>", "<|video|>"]
 _LLAMA4 = ["<|header_start|>", "<|header_end|>", "<|eom|>", "<|eot|>", "<|python_start|>",
            "<|python_end|>", "<|image|>", "<|image_start|>", "<|image_end|>", "<|patch|>"]
 
@@ -240,6 +241,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            ("<|python_start|>", "<|python_end|>", "<|header_start|>", "<|header_end|>",
             "<|eot|>", "<|begin_of_text|>"),
            tokens=_rows(_LLAMA_SPARE, _LLAMA4), eos="<|eot|>", eot="<|eot|>", released=False),
+    # Muse Glimmer's ATEM: harmony-like recipients; its tokenizer is not public, so its turn
+    # markers are placed as control tokens over Llama 3's table (its XML tags stay text)
+    Family("muse-glimmer", "llama-bpe", "muse-glimmer",
+           ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"),
+           tokens=_rows(_LLAMA_SPARE, _ATEM), eos="<|eot|>", eot="<|eot|>", released=False),
 ]}
 
 

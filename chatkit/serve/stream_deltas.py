@@ -397,7 +397,9 @@ class ReplyDeltas:
         if not probe:
             return None
         lead = d.text_lead[0] if d.text_lead and self.tools else ""
-        for marker, mode in ((opening, "calls"), (lead, "said"), (text_open, "content")):
+        markers = sorted(((opening, "calls"), (lead, "said"), (text_open.lstrip(), "content")),
+                         key=lambda m: -len(m[0]))  # ATEM's text ' to=user' before ' to='
+        for marker, mode in markers:
             if (not self.tools and mode == "calls") or not marker:
                 continue
             if marker.startswith(probe[: len(marker)]):

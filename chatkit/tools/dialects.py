@@ -375,6 +375,15 @@ GEMMA4 = Dialect(
     args=Args("gemma", separator=",", quote='<|"|>'), stops=("<|tool_response>",),
     families=("Gemma 4",))
 
+ATEM = Dialect(
+    "atem", (" to=", NAME, '<|message|><atem:function_calls>\n<atem:invoke name="', NAME,
+             '">\n', ARGS, "</atem:invoke>\n</atem:function_calls>"),
+    separator="<|eom|><|start|>assistant",
+    args=Args("xml", '<atem:parameter name="', '">', "</atem:parameter>\n"),
+    text_open=" to=user<|message|>", stops=("<|eot|>",), families=("Muse Glimmer",))
+"""Harmony-like: each message names its recipient (``to=self`` reasoning, ``to=user``
+text, ``to=TOOL`` a call in ATEM's XML), one message per call."""
+
 GENERIC = Dialect(
     "generic", ('{"name": "', NAME, '", "arguments": ', ARGS, "}"),
     section=('{"tool_calls": [', "]}"), separator=", ", text_open='{"response": ',
@@ -388,5 +397,5 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, GENERIC)}
+    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, ATEM, GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

@@ -420,16 +420,24 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
 
 def _check_names(dialect: Dialect, tools: Sequence[Tool]) -> None:
     """Raises ``ToolDefinitionError`` for a tool whose call would read as the dialect's text
-    (Functionary v3.2 writes text after ``all\n``, a call after its name and a line break)."""
-    if not (dialect.text_open and dialect.call and dialect.call[0] is NAME):
+    or reasoning: Functionary v3.2 writes text after ``all\n``, a call after its name and a
+    line break; ATEM writes text after `` to=user<|message|>``, reasoning after
+    `` to=self<|message|>`` and a call after `` to=NAME<|message|>``."""
+    call = dialect.call
+    k = next((i for i, p in enumerate(call) if p is NAME), None)
+    if k is None or not all(isinstance(p, str) for p in call[:k]):
         return
-    after = dialect.call[1] if len(dialect.call) > 1 and isinstance(dialect.call[1], str) else ""
-    for t in tools:
-        if (t.name + after).startswith(dialect.text_open) or \
-                dialect.text_open.startswith(t.name + after):
-            raise ToolDefinitionError(t.name, f"{dialect.name} writes text after "
-                                      f"{dialect.text_open!r}: a call of this tool would read "
-                                      "as text (rename the tool)")
+    before = "".join(p for p in call[:k] if isinstance(p, str))
+    nxt = call[k + 1] if len(call) > k + 1 else ""
+    after = nxt if isinstance(nxt, str) else ""
+    markups = [dialect.text_open, dialect.reasoning[0] if dialect.reasoning else ""]
+    for markup in (m for m in markups if m and m.startswith(before)):
+        for t in tools:
+            written = before + t.name + after
+            if written.startswith(markup) or markup.startswith(written):
+                raise ToolDefinitionError(t.name, f"{dialect.name} writes text or reasoning "
+                                          f"after {markup!r}: a call of this tool would read "
+                                          "as that (rename the tool)")
 
 
 def _free(b: _Builder, output: dict[str, Any] | None) -> str:
@@ -449,7 +457,18 @@ def _free(b: _Builder, output: dict[str, Any] | None) -> str:
         # text closed by text: one lazy lexeme, as a greedy one would swallow the marker
         b.rules.append(f"text[lazy]: PLAIN {close}")
         free, close = "text", ""
-    return " ".join(p for p in (lit(d.text_open), free, close) if p)
+    return " ".join(p for p in (_beside_calls(b, d.text_open), free, close) if p)
+
+
+def _beside_calls(b: _Builder, markup: str) -> str:
+    """``markup`` (text's or reasoning's opening) as Lark, split after the calls' leading
+    markup where it begins with it (ATEM's `` to=``): one lexeme for all of it would make
+    the lexer commit to it at a call of a tool whose name begins as its rest."""
+    first = b.dialect.call[0] if b.dialect.call else ""
+    if isinstance(first, str) and first and not b.dialect.section and \
+            markup.startswith(first) and markup != first:
+        return f"{b.lit(first)} {b.lit(markup[len(first):])}"
+    return b.lit(markup)
 
 
 def _lead(b: _Builder, tools: Sequence[Tool], max_calls: int, *, text: bool) -> str:
@@ -510,7 +529,7 @@ def _reasoning(b: _Builder, budget: int | None, opened: bool) -> str:
                        "/(?s:.*)/")
         written = " ".join(p for p in (mark, tail) if p)
         b.add("think_end", f"{tail} | {written}" if tail else f"({written})?")
-    body = "think think_end" if opened else f"{b.lit(open_)} think think_end"
+    body = "think think_end" if opened else f"{_beside_calls(b, open_)} think think_end"
     b.add("reason", body)
     return "reason" if opened else "reason?"
 

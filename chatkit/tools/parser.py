@@ -380,6 +380,8 @@ def starts_calls(text: str, dialect: Dialect) -> bool:
     """Whether a reply is calls (it opens with the dialect's call markup), not text."""
     trigger = dialect.trigger
     stripped = text.lstrip(SPACE)
+    if dialect.text_open.strip() and stripped.startswith(dialect.text_open.lstrip(SPACE)):
+        return False  # text's own markup (ATEM's ' to=user' beside its calls' ' to=NAME')
     head = call_head(dialect)
     if head and not stripped.startswith(head):  # the markup word exactly, as the grammar
         return False
@@ -521,8 +523,9 @@ def parse_calls(text: str, tools: Sequence[Tool],
     lead, text = _lead(text, d)
     if not starts_calls(text, d):
         body = lead + text
-        if d.text_open and body.lstrip().startswith(d.text_open):
-            body = body.lstrip()[len(d.text_open):]
+        opener = d.text_open.lstrip(SPACE)
+        if opener and body.lstrip().startswith(opener):
+            body = body.lstrip()[len(opener):]
         if d.text_close and body.rstrip().endswith(d.text_close):
             body = body.rstrip()[: -len(d.text_close)]
         if d.text_json:
