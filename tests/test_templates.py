@@ -209,3 +209,19 @@ def test_compiled_templates_are_cached_on_disk(tmp_path: Path,
     with pytest.raises(TemplateError):  # a template that does not compile is not cached
         ChatTemplate.from_string("{% if %}")
     assert len(set(tmp_path.glob("template-*.bin")) - bundled) == 3
+
+
+def test_firefunction_gets_its_functions_and_datetime() -> None:
+    """Firefunction v2's template reads ``functions`` (the tools as JSON text) and
+    ``datetime``, not ``tools``: chatkit passes them as llama.cpp does ('' without tools).
+    Was a TemplateError ('functions' is undefined) for every conversation."""
+    path = Path(__file__).parent / "corpora" / "tool-templates" / "templates" / \
+        "llama-3-firefunction-v2.jinja"
+    t = ChatTemplate.from_string(path.read_text(), name="firefunction-v2")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    now = datetime(2026, 12, 6, 9, 5, 7)
+    text = "".join(s.text for s in t.render([Message("user", "hi")], tools=[tool], now=now))
+    assert '"name": "get_weather"' in text and "Today is Dec 06 2026 09:05:07 GMT." in text
+    plain = "".join(s.text for s in t.render([Message("user", "hi")], now=now))
+    assert "get_weather" not in plain and "Available functions as JSON spec:\n\n" in plain

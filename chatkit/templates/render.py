@@ -426,9 +426,28 @@ class ChatTemplate:
         }
         if tools is not None:
             variables["tools"] = tools
+        if "functions" in self._reads:  # Firefunction v2: as llama.cpp passes them
+            variables["functions"] = json.dumps(tools, indent=2, ensure_ascii=False) \
+                if tools else ""
+        if "datetime" in self._reads:
+            variables["datetime"] = (now or datetime.now()).strftime("%b %d %Y %H:%M:%S GMT")
         if enable_thinking is not None:
             variables["enable_thinking"] = enable_thinking
         return self.render_context(variables, special=special, now=now)
+
+    @functools.cached_property
+    def _reads(self) -> frozenset[str]:
+        """The variables beyond transformers' that the template reads and chatkit passes
+        (``functions``: the tools as JSON text; ``datetime``: the time, as
+        ``%b %d %Y %H:%M:%S GMT``), as llama.cpp passes them to Firefunction v2's."""
+        try:  # the names it loads and never sets (no code generated: nothing folded)
+            env = jinja2.Environment(extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+            nodes = list(env.parse(self.source).find_all(jinja2.nodes.Name))
+        except (jinja2.TemplateError, RecursionError):
+            return frozenset()
+        loads = {n.name for n in nodes if n.ctx == "load"} - {
+            n.name for n in nodes if n.ctx != "load"}
+        return frozenset(loads & {"functions", "datetime"})
 
     def render_context(self, variables: Mapping[str, Any], *, special: Collection[str] = (),
                        now: datetime | None = None) -> list[Segment]:

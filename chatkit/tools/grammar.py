@@ -343,11 +343,13 @@ def key_end(dialect: Dialect) -> str:
 
 
 def call_head(dialect: Dialect) -> str:
-    """The markup word a turn's calls open with (``<tool_call>``, ``[TOOL_CALLS][``), or ""
+    """The markup word a turn's calls open with (``<tool_call>``, ``[TOOL_CALLS][``,
+    ``functools[``), or ""
     where calls open with a name, JSON or a bare bracket (text could not end before it)."""
     words = dialect.trigger.split()
     head = words[0] if words else ""
-    markup = len(head) > 3 and head[0] in "<[" and any(c.isalpha() for c in head)
+    markup = len(head) > 3 and (head[0] in "<[" or head[-1] == "[") and \
+        any(c.isalpha() for c in head)  # (a word glued to its list: Firefunction's functools[)
     return head if markup else ""
 
 
