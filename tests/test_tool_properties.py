@@ -447,6 +447,25 @@ def test_text_in_a_lead_may_begin_as_its_close(engine: Model, name: str) -> None
         same_calls(d, got, calls)
 
 
+@pytest.mark.parametrize(("name", "think"), [
+    ("hermes", ("<think>", "</think>")), ("hermes", ("<think>\n", "\n</think>\n\n")),
+    ("mistral-v11", ("[THINK]", "[/THINK]")), ("glm-4.5", ("<think>", "</think>"))])
+def test_reasoning_then_calls_or_text_where_the_close_is_text(
+        engine: Model, name: str, think: tuple[str, str]) -> None:
+    """A think block whose close is text on this vocabulary, then calls or text: accepted
+    as the text tokenizes (a token holding the close's end and the calls' first byte, '><',
+    included). Was refused at that token: the think text ended at a hidden stop string
+    (``stop=``), which llguidance's mask does not let a token cross; now a ``suffix=``."""
+    d = dataclasses.replace(DIALECTS[name], reasoning=think)
+    tool = Tool.from_schema("f", STR_TOOL)
+    turn = Constraint.lark(tool_grammar([tool], "auto", dialect=d, markup=markup_for(engine),
+                                        think_budget=64), model=engine)
+    for body in (render_calls(d, one(tool, {"s": "x"})), "Hi there"):
+        reply = think[0] + "Hmm." + think[1] + body
+        turn.reset()
+        assert refusal(engine, turn, reply) is None, reply
+
+
 def drop_layout(text: str) -> str:
     return re.sub(r"\s*\n\s*", "", text)
 

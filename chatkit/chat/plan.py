@@ -420,7 +420,7 @@ def _schema_constraint(engine: Vocabulary, loaded: LoadedSchema, stop_token: int
         lark = (
             'start: think close answer\n'
             'close: "\\n\\n" | "</think>\\n\\n"\n'
-            f'think[capture, stop="</think>", max_tokens={think_budget}]: /(?s:.*)/\n'
+            f'think[capture, suffix="</think>", max_tokens={think_budget}]: /(?s:.*)/\n'
             f"answer[capture]: %json {json.dumps(embedded)}\n"
         )
         made = Constraint.lark(lark, model=engine, stop_token=stop_token)

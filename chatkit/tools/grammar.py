@@ -527,7 +527,7 @@ def _reasoning(b: _Builder, budget: int | None, opened: bool) -> str:
         b.rules.append(f"think[capture, {limit}]: /(?s:.*)/")
         b.add("think_end", " ".join(p for p in (mark, tail) if p))
     else:
-        b.rules.append(f"think[capture, stop={json.dumps(core)}, {limit}]: "
+        b.rules.append(f"think[capture, suffix={json.dumps(core)}, {limit}]: "
                        "/(?s:.*)/")
         written = " ".join(p for p in (mark, tail) if p)
         b.add("think_end", f"{tail} | {written}" if tail else f"({written})?")
