@@ -380,3 +380,5 @@ TEXT_LEADS = {"llama4-json": ("<|python_start|>", "<|python_end|>"),
               "functionary-v3.2": ("all\n", ">>>")}
 """Markup around text before calls (a dialect's ``text_lead``), as detection learns it from
 Llama 4's and Functionary v3.2's templates (tests/test_tool_turns.py)."""
+ATEM_REASONING = (" to=self<|message|>", "<|eom|><|start|>assistant")
+"""Muse Glimmer's think block (``to=self``), as detection learns it from its template."""

@@ -21,7 +21,7 @@ from chatkit.serve.stream_deltas import ReplyDeltas
 from chatkit.tools.definition import check_tools, tool
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.parser import parse_calls
-from tests.helpers import TEXT_LEADS
+from tests.helpers import ATEM_REASONING, TEXT_LEADS
 
 
 @tool
@@ -141,7 +141,7 @@ def test_atem_streams_by_recipient(body: str) -> None:
     text, ' to=NAME' a call. Text is never announced as a call (both open ' to=')."""
     from chatkit.tools.parser import split_reasoning
 
-    think = (" to=self<|message|>", "<|eom|><|start|>assistant")
+    think = ATEM_REASONING
     d = dataclasses.replace(DIALECTS["atem"], reasoning=think, json_separators=(", ", ": "))
     rest = " to=user<|message|>Hello." if body == "text" else render_calls(d, CALLS)
     text = think[0] + "Oslo." + think[1] + rest

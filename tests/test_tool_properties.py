@@ -55,7 +55,7 @@ from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, call_head, key_end, tool_grammar
 from chatkit.tools.lark_text import markup_for
 from chatkit.tools.parser import parse_calls
-from tests.helpers import TEXT_LEADS
+from tests.helpers import ATEM_REASONING, TEXT_LEADS
 
 NAMES = sorted(DIALECTS)
 XML = sorted(n for n, d in DIALECTS.items() if d.args.kind == "xml")
@@ -108,15 +108,18 @@ def engine(smol: Model) -> Model:
 _COMPILED: dict[tuple[Any, ...], Constraint] = {}
 
 
-def constraint(engine: Model, d: Dialect, tools: Sequence[Tool], choice: str) -> Constraint:
-    """The turn's grammar for ``tools`` in ``d``, bound to ``engine`` (cached)."""
-    key = (id(engine), d, choice, tuple((t.name, json.dumps(t.definition.parameters_schema))
-                                        for t in tools))
+def constraint(engine: Model, d: Dialect, tools: Sequence[Tool], choice: str,
+               think_budget: int | None = None) -> Constraint:
+    """The turn's grammar for ``tools`` in ``d`` (with a think block where ``think_budget``
+    is given), bound to ``engine`` (cached)."""
+    key = (id(engine), d, choice, think_budget,
+           tuple((t.name, json.dumps(t.definition.parameters_schema)) for t in tools))
     made = _COMPILED.get(key)
     if made is None:
         if len(_COMPILED) > 400:
             _COMPILED.clear()
-        grammar = tool_grammar(tools, choice, dialect=d, markup=markup_for(engine))
+        grammar = tool_grammar(tools, choice, dialect=d, markup=markup_for(engine),
+                               think_budget=think_budget)
         made = Constraint.lark(grammar, model=engine)
         made.prefetch = False  # masks only when asked: this file steps grammars by hand
         _COMPILED[key] = made
@@ -458,12 +461,9 @@ def test_reasoning_then_calls_or_text_where_the_close_is_text(
     (``stop=``), which llguidance's mask does not let a token cross; now a ``suffix=``."""
     d = dataclasses.replace(DIALECTS[name], reasoning=think)
     tool = Tool.from_schema("f", STR_TOOL)
-    turn = Constraint.lark(tool_grammar([tool], "auto", dialect=d, markup=markup_for(engine),
-                                        think_budget=64), model=engine)
     for body in (render_calls(d, one(tool, {"s": "x"})), "Hi there"):
         reply = think[0] + "Hmm." + think[1] + body
-        turn.reset()
-        assert refusal(engine, turn, reply) is None, reply
+        assert refusal(engine, constraint(engine, d, [tool], "auto", 64), reply) is None, reply
 
 
 def drop_layout(text: str) -> str:
@@ -1197,7 +1197,7 @@ def test_a_tool_named_like_the_text_wrapper_is_refused_by_name(name: str, tool: 
     ' to=self' reasoning)."""
     d = DIALECTS[name]
     if name == "atem":
-        d = dataclasses.replace(d, reasoning=(" to=self<|message|>", "<|eom|><|start|>assistant"))
+        d = dataclasses.replace(d, reasoning=ATEM_REASONING)
     with pytest.raises(ToolDefinitionError, match="rename the tool"):
         tool_grammar([Tool.from_schema(tool, STR_TOOL)], dialect=d)
 
@@ -1206,19 +1206,15 @@ def test_a_tool_whose_name_begins_as_the_text_wrapper_is_a_call(engine: Model) -
     """ATEM writes text after ' to=user<|message|>' and a call after ' to=NAME<|message|>':
     a tool named 'user_info' (or 'selfie') is called, and plain text is text. Was refused
     at the name's '_' (the text's opening one lexeme, the lexer committed to it)."""
-    d = dataclasses.replace(DIALECTS["atem"],
-                            reasoning=(" to=self<|message|>", "<|eom|><|start|>assistant"))
+    d = dataclasses.replace(DIALECTS["atem"], reasoning=ATEM_REASONING)
     tools = [Tool.from_schema("user_info", STR_TOOL), Tool.from_schema("selfie", STR_TOOL)]
-    turn = Constraint.lark(tool_grammar(tools, "auto", dialect=d, markup=markup_for(engine),
-                                        think_budget=64), model=engine)
+    turn = constraint(engine, d, tools, "auto", 64)
     for name in ("user_info", "selfie"):
         wire = render_calls(d, one(next(t for t in tools if t.name == name), {"s": "x"}))
-        for reply in (wire, " to=self<|message|>Hmm.<|eom|><|start|>assistant" + wire):
-            turn.reset()
+        for reply in (wire, ATEM_REASONING[0] + "Hmm." + ATEM_REASONING[1] + wire):
             assert refusal(engine, turn, reply) is None, reply
         assert [c.name for c in parse_calls(wire, tools, d)[1]] == [name]
     text = " to=user<|message|>Hello there."
-    turn.reset()
     assert refusal(engine, turn, text) is None
     assert parse_calls(text, tools, d) == ("Hello there.", [])
 

@@ -79,6 +79,7 @@ class GrammarSteps:
     _slice_demand: list[int] | None
     _tokens: list[int]
     grammar: str
+    _hidden_stops: bool
     rolls_back: bool
     kind: ConstraintKind
     source: Any
@@ -214,7 +215,7 @@ class GrammarSteps:
     def valid_prefix_len(self, draft: Sequence[int]) -> int:
         """How many leading tokens of ``draft`` the grammar accepts, in order (pure; see
         :func:`~chatkit.grammar.masks.valid_prefix` for the cost past a hidden stop)."""
-        return valid_prefix(self._live(), list(draft), hidden_stops="stop=" in self.grammar)
+        return valid_prefix(self._live(), list(draft), hidden_stops=self._hidden_stops)
 
     def accepts(self, tokens: Sequence[int]) -> bool:
         """Reset, then whether ``tokens`` are a complete reply this constraint accepts: the
@@ -267,6 +268,7 @@ class Constraint(GrammarSteps):
                  checks: Checks | None = None) -> None:
         self.kind: ConstraintKind = kind
         self.grammar = grammar
+        self._hidden_stops = "stop=" in grammar  # see valid_prefix_len (once, not per draft)
         self.source = source
         self.reader = reader
         self.checks = checks

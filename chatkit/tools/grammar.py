@@ -447,8 +447,7 @@ def _free(b: _Builder, output: dict[str, Any] | None) -> str:
     text wrapper; a JSON string where the dialect writes text as JSON."""
     d, lit = b.dialect, b.lit
     if output is not None:
-        answer = {**bound_numbers(closed_objects(output)),
-                  "x-guidance": _json_options(d)}
+        answer = {**bound_numbers(closed_objects(output)), "x-guidance": _json_options(d)}
         free = b.add("answer", f"%json {json.dumps(answer)}")
     elif d.text_json:
         free = b.add("answer", '%json {"type": "string", "pattern": "\\\\S"}')
@@ -463,14 +462,17 @@ def _free(b: _Builder, output: dict[str, Any] | None) -> str:
 
 
 def _beside_calls(b: _Builder, markup: str) -> str:
-    """``markup`` (text's or reasoning's opening) as Lark, split after the calls' leading
-    markup where it begins with it (ATEM's `` to=``): one lexeme for all of it would make
-    the lexer commit to it at a call of a tool whose name begins as its rest."""
-    first = b.dialect.call[0] if b.dialect.call else ""
-    if isinstance(first, str) and first and not b.dialect.section and \
-            markup.startswith(first) and markup != first:
-        return f"{b.lit(first)} {b.lit(markup[len(first):])}"
-    return b.lit(markup)
+    """Text's or reasoning's opening, parted after the calls' leading markup (ATEM's `` to=``)."""
+    first = b.dialect.call[0] if b.dialect.call and not b.dialect.section else ""
+    return _parted(b.lit, markup, first if isinstance(first, str) else "")
+
+
+def _parted(render: Markup, text: str, prefix: str) -> str:
+    """``text`` as Lark, parted after ``prefix`` where it begins with it: alternatives that begin
+    alike share that lexeme (one lexeme for all would be committed to at text begun so)."""
+    if prefix and text != prefix and text.startswith(prefix):
+        return f"{render(prefix)} {render(text[len(prefix):])}"
+    return render(text)
 
 
 def _lead(b: _Builder, tools: Sequence[Tool], max_calls: int, *, text: bool) -> str:
@@ -569,10 +571,8 @@ def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int, *, after: str = "
     open_, close = (b.markup(opening),
                     b.markup(d.section[1])) if d.section else ("", "")
     lead_open, lead_close = d.text_lead or ("", "")
-    if lead_open and not after and opening.startswith(lead_open + lead_close):
-        # the lead's opening its own lexeme, as in text before calls: one lexeme for the
-        # whole opening would make the lexer commit to it at text that begins as its rest
-        open_ = f"{b.markup(lead_open)} {b.markup(opening[len(lead_open):])}"
+    if not after and opening.startswith(lead_open + lead_close):  # text before calls too
+        open_ = _parted(b.markup, opening, lead_open)
     trail = '("\\n" | "\\n\\n")?'  # the layout some templates write after the calls
     b.add(name, " ".join(p for p in (open_, f"{first}{more}", close, trail) if p))
     return name

@@ -26,7 +26,7 @@ def text_markup(text: str) -> str:
 
 Markup = Callable[[str], str]
 """Renders literal text as a Lark fragment."""
-REGEX_META = set("\\.+*?()|[]{}^$/-&~#")
+_REGEX_META = set("\\.+*?()|[]{}^$/-&~#")
 
 
 def markup_for(engine: Vocabulary) -> Markup:
@@ -73,7 +73,7 @@ def _markup(engine: Vocabulary) -> Markup:
 def regex_text(text: str) -> str:
     """``text`` as a regex matching it literally (Rust regex: only meta characters are
     escaped; an escaped ``<`` would be a word boundary)."""
-    return "".join("\\" + c if c in REGEX_META else "\\n" if c == "\n" else c
+    return "".join("\\" + c if c in _REGEX_META else "\\n" if c == "\n" else c
                    for c in text)
 
 
