@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,26 @@ def test_gemma_model_gets_the_bundled_gemma_template(gemma: Model) -> None:
 def test_hostile_template_is_template_error(source: str) -> None:
     with pytest.raises(TemplateError):
         ChatTemplate.from_string(source).render(MSGS)
+
+
+def test_a_template_may_change_the_lists_and_dicts_it_built() -> None:
+    """As llama.cpp renders Kimi K2's queue of call ids: a list or dict literal of the
+    template's own (folded to a constant or not) takes append/pop/update; the caller's
+    lists stay immutable (above), and a list grown past the render bound is refused."""
+    t = ChatTemplate.from_string(
+        "{% set q = namespace(ids=[]) %}{% set d = {'n': 0} %}"
+        "{% for m in messages %}{% set _ = q.ids.append(m['role']) %}"
+        "{% set e = [m['content']] %}{% set _ = e.extend(['!']) %}{{ e | join }}{% endfor %}"
+        "{% set _ = d.update({'n': q.ids | length}) %}{{ q.ids.pop(0) }}{{ q.ids | tojson }}"
+        "{{ d['n'] }}")
+    assert "".join(s.text for s in t.render(MSGS)) == "".join(
+        m.content + "!" for m in MSGS) + MSGS[0].role + json.dumps(
+        [m.role for m in MSGS[1:]]) + str(len(MSGS))
+    bomb = ChatTemplate.from_string(
+        "{% set q = [] %}{% for i in range(100000) %}{% set _ = q.extend(range(100000)) %}"
+        "{% endfor %}")
+    with pytest.raises(TemplateError):
+        bomb.render(MSGS)
 
 
 def test_broken_template_is_template_error() -> None:

@@ -10,7 +10,9 @@ A GGUF's embedded template is untrusted input: it is rendered in jinja2's
 reference renderer offers templates (``raise_exception``, ``strftime_now``,
 ``namespace``, loop controls, the ``{% generation %}`` tag, a ``tojson`` that
 does not HTML-escape and takes ``indent``/``ensure_ascii``/``separators``/
-``sort_keys``) and nothing more; anything the sandbox refuses, and any other
+``sort_keys``) and nothing more, except that lists and dicts the template built itself
+may change (``append``, ``pop``, ``update``, as llama.cpp's renderer allows: Kimi K2 queues
+its call ids so) while the caller's stay immutable; anything the sandbox refuses, and any other
 render failure, is ``TemplateError``. The text is the reference renderer's text,
 byte for byte.
 

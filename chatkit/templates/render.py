@@ -117,8 +117,65 @@ RENDER_CHARS = 2_000_000
 """Largest string a template may build (its output, a concatenation, a repetition)."""
 
 
+class _OwnList(list[Any]):
+    """A list the template built itself (a ``[...]`` literal): the template may ``append``
+    to it, ``pop`` it, ... as llama.cpp's renderer lets it (Kimi K2 queues its call ids in
+    one); the caller's lists (``messages``, ``tools``) stay immutable."""
+
+    def append(self, item: Any) -> None:
+        _bounded(len(self) + 1)
+        super().append(item)
+
+    def insert(self, index: Any, item: Any) -> None:
+        _bounded(len(self) + 1)
+        super().insert(index, item)
+
+    def extend(self, items: Any) -> None:
+        items = list(items)
+        _bounded(len(self) + len(items))
+        super().extend(items)
+
+
+class _OwnDict(dict[Any, Any]):
+    """A dict the template built itself (a ``{...}`` literal): mutable, as ``_OwnList``."""
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        _bounded(len(self))
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        _bounded(len(self) + 1)
+        return super().setdefault(key, default)
+
+
+def _bounded(size: int) -> None:
+    if size > RENDER_CHARS:
+        raise jinja2.exceptions.SecurityError("collection too large")
+
+
 class _BoundedCodegen(jinja2.compiler.CodeGenerator):
-    """Compiles ``a ~ b`` to a length-checked join (string doubling in a loop is a bomb)."""
+    """Compiles ``a ~ b`` to a length-checked join (string doubling in a loop is a bomb),
+    and the template's own list and dict literals to ``_OwnList`` / ``_OwnDict``."""
+
+    def visit_List(self, node: jinja2.nodes.List, frame: Any) -> None:
+        self.write("environment.own_list(")
+        super().visit_List(node, frame)
+        self.write(")")
+
+    def visit_Dict(self, node: jinja2.nodes.Dict, frame: Any) -> None:
+        self.write("environment.own_dict(")
+        super().visit_Dict(node, frame)
+        self.write(")")
+
+    def visit_Const(self, node: jinja2.nodes.Const, frame: Any) -> None:
+        # jinja2 folds a literal of constants ("[]", "{'a': 1}") to a Const before writing it.
+        own = {list: "environment.own_list(", dict: "environment.own_dict("}.get(type(node.value))
+        if own is None:
+            super().visit_Const(node, frame)
+            return
+        self.write(own)
+        super().visit_Const(node, frame)
+        self.write(")")
 
     def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
         self.write("environment.bounded_concat((")
@@ -134,6 +191,13 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     code_generator_class = _BoundedCodegen
     intercepted_binops = frozenset({"**", "*", "+"})
+    own_list = _OwnList
+    own_dict = _OwnDict
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if isinstance(obj, _OwnList | _OwnDict):
+            return jinja2.sandbox.SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+        return super().is_safe_attribute(obj, attr, value)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and isinstance(left, int) and isinstance(right, int) and (
@@ -169,7 +233,7 @@ def _environment(now: Callable[[], datetime]) -> jinja2.sandbox.ImmutableSandbox
     return env
 
 
-_TEMPLATE_CODE_FORMAT = 1
+_TEMPLATE_CODE_FORMAT = 2
 """Part of a compiled template's cache name, with the template text, the environment's
 settings, jinja2's version and the Python version: bump it when ``_environment`` changes
 what jinja2 generates in a way those settings do not show (a filter or global is looked up
