@@ -199,7 +199,7 @@ def test_compiled_templates_are_cached_on_disk(tmp_path: Path,
     file is a miss; a different environment setting is a different file."""
     import jinja2
 
-    from chatkit.templates import render
+    from chatkit.templates import sandbox
 
     monkeypatch.setenv("CHATKIT_CACHE_DIR", str(tmp_path))
     source = ChatTemplate.bundled("qwen3").source + "{# cache test #}"
@@ -222,10 +222,10 @@ def test_compiled_templates_are_cached_on_disk(tmp_path: Path,
     assert ChatTemplate.from_string(source).render(msgs) == first
     assert len(compiled) == 1  # a miss: compiled and written again
     assert ChatTemplate.from_string(source).render(msgs) == first and len(compiled) == 1
-    env = render._environment(lambda: datetime.now())
-    plain = render._template_code(env, "{{ 1 }}\n")
+    env = sandbox.environment(lambda: datetime.now())
+    plain = sandbox.template_code(env, "{{ 1 }}\n")
     env.keep_trailing_newline = True
-    assert render._template_code(env, "{{ 1 }}\n") is not plain
+    assert sandbox.template_code(env, "{{ 1 }}\n") is not plain
     assert len(set(tmp_path.glob("template-*.bin")) - bundled) == 3
     with pytest.raises(TemplateError):  # a template that does not compile is not cached
         ChatTemplate.from_string("{% if %}")
