@@ -41,16 +41,15 @@ from .lark_text import (
     markup_for,
     regex_text,
     resolves_to_string,
-    string_regexes,
+    string_also,
     text_markup,
 )
 from .options import TOOL_CHOICES, check_parallel, check_tool_choice
+from .py_values import ANNOTATIONS, py_params, py_value, simple_union
 
 __all__: list[str] = []
 
 DEFAULT_MAX_CALLS = 4
-_ANNOTATIONS = frozenset({"description", "title", "examples", "$comment"})
-"""Schema keywords that say nothing about which values are valid."""
 
 
 def _json_options(dialect: Dialect) -> dict[str, Any]:
@@ -96,7 +95,7 @@ class _Builder:
     def json_value(self, name: str, schema: dict[str, Any]) -> str:
         """A JSON value under ``schema``; one rule per distinct schema (XML and Python
         parameters of many tools share their ``integer`` or ``boolean``)."""
-        bare = {k: v for k, v in schema.items() if k not in _ANNOTATIONS}
+        bare = {k: v for k, v in schema.items() if k not in ANNOTATIONS}
         doc = {**bound_numbers(bare), "x-guidance": _json_options(self.dialect)}
         body = f"%json {json.dumps(doc)}"
         if body not in self.json_rules:
@@ -186,7 +185,7 @@ class _Builder:
         lead = close[: len(close) - len(close.lstrip())]
         tail = close[len(lead) + len(core):]
         lo, hi = schema.get("minLength", 0), schema.get("maxLength", RAW_STRING_MAX)
-        also = _also(schema)
+        also = string_also(schema)
         # one lexeme per length range (and pattern), shared by every parameter with it (a
         # grammar of many tools would otherwise hold hundreds of equal lexemes)
         key = f"{lo}_{hi}"
@@ -206,56 +205,10 @@ class _Builder:
         return f"{rule} {self.markup(tail)}" if tail else rule
 
     def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str:
-        """``k=v`` joined by the separator: required ones always, optional ones maybe, no
-        separator before the first one written. ``r_i``: items i.. after something was
-        written; ``f_i``: items i.. with nothing written yet (linear in size)."""
-        sep = self.lit(self.dialect.args.separator)
-        assign = ":" if self.dialect.args.kind == "gemma" else "="
-        kws = [f"{text_markup(k + assign)} {v}" for k, v, _ in items]
-        n = len(items)
-        for i in range(n - 1, -1, -1):
-            rest = f" {name}_r{i + 1}" if i + 1 < n else ""
-            one = f"{sep} {kws[i]}"
-            self.add(f"{name}_r{i}", (one if items[i][2] else f"({one})?") + rest)
-            first = f"{kws[i]}{rest}"
-            if not items[i][2]:
-                later = f"{name}_f{i + 1}" if i + 1 < n else '""'
-                first = f"{first} | {later}"
-            self.add(f"{name}_f{i}", first)
-        return f"{name}_f0" if n else ""
+        return py_params(self, name, items)
 
     def py_value(self, name: str, schema: Any) -> str:
-        quote = self.dialect.args.quote
-        if resolves_to_string(schema):
-            values = schema.get("enum", [schema["const"]] if "const" in schema else None)
-            if values:
-                return self.add(name, " | ".join(
-                    text_markup(_py_literal(v, quote)) for v in values))
-            q = regex_text(quote)
-            span = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', RAW_STRING_MAX)}}}"
-            terminal = name.upper()
-            also = _also(schema)
-            if also:  # the text as written is the value: no escapes
-                self.rules.append(f"{terminal}: /[^{q}\\\\\\n\\r\\x00]{span}/{also}")
-                return self.add(name, f"{text_markup(quote)} {terminal} {text_markup(quote)}")
-            self.rules.append(f"{terminal}: /{q}(?:[^{q}\\\\\\n\\r\\x00]|{PY_ESCAPE}){span}{q}/")
-            return terminal
-        kind = schema.get("type") if isinstance(schema, dict) else None
-        values = schema.get("enum", [schema["const"]] if "const" in schema else None) \
-            if isinstance(schema, dict) else None
-        if isinstance(values, list) and values:  # a mixed enum, each in Python's spelling
-            return self.add(name, " | ".join(text_markup(
-                _py_literal(v, quote) if isinstance(v, str) else "None" if v is None
-                else str(v) if isinstance(v, bool) else json.dumps(v)) for v in values))
-        if kind == "boolean":
-            return self.add(name, '"True" | "False"')
-        if kind == "null":
-            return self.add(name, '"None"')
-        members = _simple_union(schema)
-        if members:  # Optional[str] and friends: each member in Python's spelling
-            return self.add(name, " | ".join(self.py_value(f"{name}_{k}", m)
-                                             for k, m in enumerate(members)))
-        return self.json_value(name, schema if isinstance(schema, dict) else {})
+        return py_value(self, name, schema)
 
     # -- calls
     def call(self, name: str, tool: Tool, args_rule: str, index: int, *,
@@ -281,9 +234,6 @@ class _Builder:
         return self.add(name, " ".join(p for p in parts if p))
 
 
-_SIMPLE = ("string", "null", "boolean", "integer", "number")
-
-
 def _string_member(schema: Any, typed_keys: bool) -> dict[str, Any] | None:
     """The string member of a simple union, where the dialect's keys say the value's type
     (``typed_keys``); None otherwise. (Where they do not, a union's value is JSON: raw text
@@ -291,49 +241,10 @@ def _string_member(schema: Any, typed_keys: bool) -> dict[str, Any] | None:
     see docs/tools.md.)"""
     if not typed_keys:
         return None
-    strings = [m for m in _simple_union(schema) if m.get("type") == "string"]
+    strings = [m for m in simple_union(schema) if m.get("type") == "string"]
     if len(strings) != 1 or "enum" in strings[0] or "const" in strings[0]:
         return None
     return strings[0]
-
-
-def _simple_union(schema: Any) -> list[dict[str, Any]]:
-    """The members of a union of simple types (``type: [string, null]``, or an ``anyOf``
-    of simple schemas), each a schema of its own; [] for anything else."""
-    if not isinstance(schema, dict):
-        return []
-    kinds = schema.get("type")
-    if isinstance(kinds, list) and len(kinds) > 1 and all(k in _SIMPLE for k in kinds):
-        rest = {k: v for k, v in schema.items() if k != "type"}
-        return [{**rest, "type": k} if k == "string" else {"type": k} for k in kinds]
-    options = schema.get("anyOf")
-    if isinstance(options, list) and len(options) > 1 and set(schema) <= {
-            "anyOf", *_ANNOTATIONS, "default"} and all(
-            isinstance(o, dict) and o.get("type") in _SIMPLE and "enum" not in o
-            for o in options):
-        return list(options)
-    return []
-
-
-PY_ESCAPE = (r"\\[\\'\"abfnrtv]|\\x[0-9a-fA-F]{2}"
-             r"|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
-             r"|\\U(?:0000(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
-             r"|000[1-9a-fA-F][0-9a-fA-F]{4}|0010[0-9a-fA-F]{4})")
-"""One escape in a Python string literal, as a regex: those ``ast`` reads as one character
-and UTF-8 can hold (no ``\\N{...}``, no octal, no lone surrogate, nothing above U+10FFFF),
-so a ``maxLength`` counts characters, not the escaped source."""
-
-
-def _py_literal(value: str, quote: str) -> str:
-    body = json.dumps(value, ensure_ascii=False)[1:-1]
-    if quote == "'":
-        body = body.replace('\\"', '"').replace("'", "\\'")
-    return f"{quote}{body}{quote}"
-
-
-def _also(schema: dict[str, Any]) -> str:
-    """A raw string's pattern and format as Lark intersections (``" & /re/"``), or ""."""
-    return "".join(f" & /{r}/" for r in string_regexes(schema))
 
 
 def key_end(dialect: Dialect) -> str:

@@ -141,3 +141,8 @@ def _compiles(regex: str) -> bool:
     """Whether llguidance compiles ``regex`` as a Lark terminal."""
     matcher = bare_import.llguidance().LLMatcher
     return not matcher.validate_grammar(matcher.grammar_from_lark(f"start: V\nV: /{regex}/\n"))
+
+
+def string_also(schema: dict[str, Any]) -> str:
+    """A raw string's pattern and format as Lark intersections (``" & /re/"``), or ""."""
+    return "".join(f" & /{r}/" for r in string_regexes(schema))
