@@ -173,6 +173,7 @@ TOOL_TURNS = [  # (family, its template, the dialect, the marker the calls open 
     _case("llama-4", "llama-4", "llama4-pythonic", None, tool_format="llama4-pythonic"),
     _case("gemma-4", "gemma-4-it", "gemma-4", "<|tool_call>"),  # strings in <|"|> tokens
     _case("muse-glimmer", "muse-glimmer", "atem", "<|message|>"),  # ' to=NAME' is text
+    _case("kimi-k3", "kimi-k3", "kimi-k3", "<|open|>"),  # after a think block, an empty response
     # a template with no tool syntax keeps its own template with the generic envelope
     _case("gemma-4", "gemma-3-it", "generic", None),
 ]

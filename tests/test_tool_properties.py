@@ -559,7 +559,9 @@ def test_text_replies_are_accepted_and_parse_back(engine: Model, name: str,
     assert said == (text if d.text_json else text.strip())
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if call_head(DIALECTS[n])])
+@pytest.mark.parametrize("name", [  # not where the word holds text's own close (Kimi K3's)
+    n for n in NAMES if call_head(DIALECTS[n]) and not (
+        DIALECTS[n].text_close and DIALECTS[n].text_close in call_head(DIALECTS[n]))])
 def test_a_broken_call_word_is_text(engine: Model, name: str) -> None:
     """The call's markup word with a space inside (``< seed:tool_call>``) is text to the
     grammar, so it is text to the parser (the rest of the markup may follow)."""
@@ -1217,6 +1219,30 @@ def test_a_tool_whose_name_begins_as_the_text_wrapper_is_a_call(engine: Model) -
     text = " to=user<|message|>Hello there."
     assert refusal(engine, turn, text) is None
     assert parse_calls(text, tools, d) == ("Hello there.", [])
+
+
+def test_a_typed_key_takes_each_type_its_schema_allows(engine: Model) -> None:
+    """Kimi K3's key says its value's JSON type: a union is one branch per type (a string
+    raw, an integer and a number both ``type="number"``), each parsing back as written; a
+    type the schema does not allow is refused; unknown types are refused by name."""
+    d = DIALECTS["kimi-k3"]
+    schema = {"type": "object", "properties": {"v": {"anyOf": [
+        {"type": "string", "maxLength": 8}, {"type": "integer"}, {"type": "number"},
+        {"type": "null"}, {"$ref": "#/$defs/P"}]}, "n": {"type": "integer"}},
+        "required": ["v", "n"],
+        "$defs": {"P": {"type": "object", "properties": {"x": {"type": "boolean"}},
+                        "required": ["x"]}}}
+    t = Tool.from_schema("f", schema)
+    turn = constraint(engine, d, [t], "auto")
+    for value in ("Oslo", 3, 2.5, None, {"x": True}):
+        wire = render_calls(d, one(t, {"v": value, "n": 1}))
+        assert refusal(engine, turn, wire) is None, wire
+        assert [c.arguments for c in parse_calls(wire, [t], d)[1]] == [{"v": value, "n": 1}]
+    wrong = render_calls(d, one(t, {"v": 3, "n": 1})).replace('type="number"', 'type="array"', 1)
+    assert refusal(engine, turn, wrong) is not None
+    with pytest.raises(SchemaUnsupported, match="type of every value"):
+        tool_grammar([Tool.from_schema("g", {"type": "object", "properties": {
+            "v": {"allOf": [{"type": "string"}]}}})], dialect=d)
 
 
 @pytest.mark.parametrize("name", known("json-del", JSON_ARGS))

@@ -65,7 +65,7 @@ HARD_ENDS = ("<|END_OF_TURN_TOKEN|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", 
 ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "</s>", "<|return|>",
         "<end_of_turn>", "<|END_OF_TURN_TOKEN|>", "<｜end▁of▁sentence｜>",  # noqa: RUF001
         "<|endoftext|>", "<|im_end|>", "[/TOOL_CALLS]", "<|user|>", "<|observation|>",
-        "<turn|>", "<|end_of_text|>", "<|tool_response>")
+        "<turn|>", "<|end_of_text|>", "<|tool_response>", "<|close|>message<|sep|><|end_of_msg|>")
 
 
 def served(source: str) -> Dialect | None:

@@ -129,6 +129,7 @@ _KIMI = ["[BOS]", "[EOS]", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "
          "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
          "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|media_start|>",
          "<|media_content|>", "<|media_end|>", "<|media_pad|>"]
+_KIMI_K3 = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
 _GLM = ["[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
         "<|assistant|>", "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
         "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>",
@@ -197,6 +198,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
             "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>",
             "<|im_assistant|>", "<|im_middle|>", "<|im_end|>", "<|im_user|>"),
            tokens=_rows(_QWEN_SPARE, _KIMI), eos="<|im_end|>", released=False),
+    # Kimi K3's XTML markers are not in K2's released table: placed as control tokens
+    Family("kimi-k3", "qwen2", "kimi-k3", ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"),
+           tokens=_rows(_QWEN_SPARE, _KIMI_K3), eos="<|end_of_msg|>", eot="<|end_of_msg|>",
+           released=False),
     # GLM-4.5's added tokens are all special (CONTROL), its tool markup included
     Family("glm-4.5", "qwen2", "glm-4.6",
            ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",

@@ -158,10 +158,6 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
     at = said.find("PROBETEXT")
     before = at >= 0 and bool(head) and said.find(head, at) >= 0 and \
         not said[at + len("PROBETEXT"):said.find(head, at)].strip()
-    lead = _text_lead(d, said, one, at) if not before and at >= 0 and one else None
-    end = _turn_end(template, as_text=as_text)
-    if lead is not None and end and end in lead[1]:
-        lead = None  # the text is a turn of its own (Nemotron Nano v2): the model ends there
     reasoning = None
     i = thought.find("PROBETHINK")
     k = thought.find(d.trigger, i) if d.trigger.strip() else -1
@@ -169,6 +165,13 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
         close = thought[i + len("PROBETHINK"):k]
         if close.strip() and (i == 0 or thought[:i].strip()):
             reasoning = (thought[:i], close)
+    shut = reasoning[1] if reasoning and not reasoning[0] else ""  # the prompt opened it
+    if shut and said.startswith(shut) and one.startswith(shut):  # Kimi K3's empty block
+        said, one, at = said[len(shut):], one[len(shut):], at - len(shut)
+    lead = _text_lead(d, said, one, at) if not before and at >= 0 and one else None
+    end = _turn_end(template, as_text=as_text)
+    if lead is not None and end and end in lead[1]:
+        lead = None  # the text is a turn of its own (Nemotron Nano v2): the model ends there
     if lead is not None and reasoning is not None and lead[0] == reasoning[0]:
         lead = None  # the text goes into the think block (harmony's analysis channel)
     return dataclasses.replace(d, text_before=before, text_lead=lead, reasoning=reasoning)

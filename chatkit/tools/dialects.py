@@ -75,7 +75,9 @@ class Args:
     quote: str = '"'
     key_close_json: str = ""
     """XML: the key's closing markup before a JSON (not raw) value where it differs from
-    ``key_close`` (DeepSeek V3.2's ``string="false">`` against ``string="true">``)."""
+    ``key_close`` (DeepSeek V3.2's ``string="false">`` against ``string="true">``); a
+    ``{type}`` in it is the value's JSON type (Kimi K3's ``type="number"``: see
+    :func:`json_tag`)."""
 
 
 JSON_ARGS = Args()
@@ -132,6 +134,9 @@ class Dialect:
     text_json: bool = False
     """Plain text is written as a JSON string inside ``text_open`` / ``text_close`` (the
     generic envelope's ``{"response": ...}``)."""
+
+    first_index: int = 0
+    """The ``INDEX`` slot of a turn's first call (Kimi K3 counts from 1)."""
 
     @property
     def trigger(self) -> str:
@@ -210,6 +215,13 @@ def _gemma_items(arguments: dict[str, Any], quote: str, separator: str) -> str:
                           for k in gemma_order(list(arguments)))
 
 
+def json_tag(value: Any) -> str:
+    """A value's JSON type as Kimi K3's ``type=`` writes it (integers are numbers)."""
+    return ("boolean" if isinstance(value, bool) else "null" if value is None else
+            "number" if isinstance(value, int | float) else "string" if isinstance(value, str)
+            else "object" if isinstance(value, dict) else "array")
+
+
 def render_args(args: Args, arguments: dict[str, Any],
                 separators: tuple[str, str] = (",", ":")) -> str:
     """Arguments in the dialect's encoding (strings raw in XML), JSON with ``separators``
@@ -224,8 +236,8 @@ def render_args(args: Args, arguments: dict[str, Any],
     parts = []
     for key, value in arguments.items():
         text = value if isinstance(value, str) else _json(value, separators)
-        close = args.key_close_json if args.key_close_json and not isinstance(value, str) \
-            else args.key_close
+        close = args.key_close_json.replace("{type}", json_tag(value)) \
+            if args.key_close_json and not isinstance(value, str) else args.key_close
         parts.append(f"{args.key_open}{key}{close}{text}{args.value_close}")
     return "".join(parts)
 
@@ -242,7 +254,7 @@ def render_call(dialect: Dialect, call: ToolCall, index: int) -> str:
             out.append(dialect.history_id(call.id) if dialect.ids == "alnum9" else str(index)
                        if dialect.ids == "index" else call.id)
         elif piece is INDEX:
-            out.append(str(index))
+            out.append(str(index + dialect.first_index))
         else:
             out.append(render_args(dialect.args, call.arguments, dialect.json_separators))
     return "".join(out)
@@ -384,6 +396,18 @@ ATEM = Dialect(
 """Harmony-like: each message names its recipient (``to=self`` reasoning, ``to=user``
 text, ``to=TOOL`` a call in ATEM's XML), one message per call."""
 
+KIMI_K3 = Dialect(
+    "kimi-k3", ('<|open|>call tool="', NAME, '" index="', INDEX, '"<|sep|>', ARGS,
+                "<|close|>call<|sep|>"),
+    section=("<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>",
+             "<|close|>tools<|sep|>"),
+    args=Args("xml", '<|open|>argument key="', '" type="string"<|sep|>',
+              "<|close|>argument<|sep|>", key_close_json='" type="{type}"<|sep|>'),
+    text_open="<|open|>response<|sep|>", text_close="<|close|>response<|sep|>",
+    first_index=1, families=("Kimi K3",))
+"""XTML: every turn has a response block (empty before calls-only), then the calls' tools
+block; each argument's key says its value's JSON type, a string raw, any other JSON."""
+
 GENERIC = Dialect(
     "generic", ('{"name": "', NAME, '", "arguments": ', ARGS, "}"),
     section=('{"tool_calls": [', "]}"), separator=", ", text_open='{"response": ',
@@ -397,5 +421,5 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, ATEM, GENERIC)}
+    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, ATEM, KIMI_K3, GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

@@ -45,7 +45,7 @@ from .lark_text import (
     text_markup,
 )
 from .options import TOOL_CHOICES, check_parallel, check_tool_choice
-from .py_values import ANNOTATIONS, py_params, py_value, simple_union
+from .py_values import ANNOTATIONS, py_params, py_value, simple_union, typed_members
 
 __all__: list[str] = []
 
@@ -123,6 +123,10 @@ class _Builder:
                 raise SchemaUnsupported("properties", f"/{key}", "a pythonic call writes "
                                         "name=value: a parameter name must be a Python "
                                         "identifier and not a keyword")
+            if kind == "xml" and "{type}" in self.dialect.args.key_close_json:
+                items.append(("", self.xml_typed(f"{name}_{j}", key, sub, defs),
+                              key in required))
+                continue
             member = _string_member(sub, bool(self.dialect.args.key_close_json)) \
                 if kind == "xml" else None
             sub = {**sub, **defs} if isinstance(sub, dict) else sub
@@ -178,6 +182,19 @@ class _Builder:
         return self.add(name, f"{raw_head} {self.raw_value(a.value_close, member)} | "
                               f"{json_head} {json_part}")
 
+    def xml_typed(self, name: str, key: str, schema: Any, defs: dict[str, Any]) -> str:
+        """A parameter whose key says its value's JSON type (Kimi K3's ``type="number"``):
+        one branch per type the schema allows, a string raw, any other JSON."""
+        a = self.dialect.args
+        alts = []
+        for tag, sub in typed_members(schema, defs):
+            close = a.key_close if tag == "string" else a.key_close_json.replace("{type}", tag)
+            head = self.markup(a.key_open + key + close, before_raw=True)
+            value = self.xml_value(f"{name}_{tag}", sub) if tag == "string" else \
+                f"{self.json_value(f'{name}_{tag}', sub)} {self.markup(a.value_close)}"
+            alts.append(f"{head} {value}")
+        return self.add(name, " | ".join(alts))
+
     def raw_value(self, close: str, schema: dict[str, Any]) -> str:
         """Raw text under a string ``schema`` (its length, pattern and format: see
         :func:`~.lark_text.string_regexes`) and its closing marker ``close``."""
@@ -228,7 +245,7 @@ class _Builder:
                 parts.append(self.lit(str(index)) if d.ids == "index"
                              else "/[A-Za-z0-9]{9}/")
             elif piece is INDEX:
-                parts.append(self.lit(str(index)))
+                parts.append(self.lit(str(index + d.first_index)))
             elif piece is ARGS:
                 parts.append(args_rule)
         return self.add(name, " ".join(p for p in parts if p))
@@ -271,20 +288,26 @@ def _plain(dialect: Dialect, reasoning: bool) -> str:
     marker (Command R7B's ``<|END_RESPONSE|>``), the text never holds it; nor the closing
     markup of text before calls (``text_lead``), nor opens with its opening markup; with a
     think block, text never opens with the block's marker."""
-    banned = []
+    inside: list[str] = []  # never anywhere in the text
+    opening: list[str] = []  # never at its start
     head = call_head(dialect)
     words = dialect.trigger.split()
     if head:
-        banned.append("(?s:.*" + regex_text(head) + ".*)")
+        inside.append(head)
     elif words:
-        banned.append("(?s:\\s*" + regex_text(words[0]) + ".*)")
+        opening.append(words[0])
     for close in (dialect.text_close, dialect.text_lead[1] if dialect.text_lead else ""):
         if close.strip():
-            banned.append("(?s:.*" + regex_text(close.strip()) + ".*)")
+            inside.append(close.strip())
     if dialect.text_lead and dialect.text_lead[0].strip() != dialect.text_open.strip():
-        banned.append("(?s:\\s*" + regex_text(dialect.text_lead[0].strip()) + ".*)")
+        opening.append(dialect.text_lead[0].strip())
     if reasoning and dialect.reasoning and dialect.reasoning[0].strip():
-        banned.append("(?s:\\s*" + regex_text(dialect.reasoning[0].strip()) + ".*)")
+        opening.append(dialect.reasoning[0].strip())
+    # one ban that another implies is dropped: intersections cost llguidance's lexer states
+    inside = [w for w in dict.fromkeys(inside) if not any(o != w and o in w for o in inside)]
+    opening = [w for w in dict.fromkeys(opening) if not any(o in w for o in inside)]
+    banned = [f"(?s:.*{regex_text(w)}.*)" for w in inside] + \
+        [f"(?s:\\s*{regex_text(w)}.*)" for w in opening]
     return r"PLAIN: /(?s:\s*\S.*)/" + "".join(f" & ~/{b}/" for b in banned)
 
 
@@ -320,8 +343,11 @@ def tool_grammar(tools: Sequence[Tool], tool_choice: str = "auto", *,
     else:
         calls = _calls(b, callable_tools, max_calls)
         lead = _lead(b, callable_tools, max_calls, text=tool_choice == "auto")
-        said = _said(b, callable_tools, max_calls) \
-            if tool_choice == "auto" and dialect.text_lead else ""
+        said = ""
+        if tool_choice == "auto" and output is None and _calls_after_text(dialect):
+            free = _text_then_calls(b, callable_tools, max_calls, free)
+        elif tool_choice == "auto" and dialect.text_lead:
+            said = _said(b, callable_tools, max_calls)
         body = " | ".join(p for p in (free if tool_choice == "auto" else "", calls, lead, said)
                           if p)
     lines = [f"start: {_reasoning(b, think_budget, think_opened)} ({body})" if reason
@@ -425,6 +451,24 @@ def _said(b: _Builder, tools: Sequence[Tool], max_calls: int) -> str:
     return " ".join(p for p in (b.lit(open_), "said", calls) if p)
 
 
+def _calls_after_text(d: Dialect) -> bool:
+    """The text before calls is the plain reply's own wrapper, its close then the calls'
+    opening (Kimi K3's ``<|open|>response<|sep|>`` ... ``<|close|>response<|sep|>`` then
+    ``<|open|>tools<|sep|>``)."""
+    return d.text_lead is not None and bool(d.text_close) and d.text_lead[0] == d.text_open \
+        and d.text_lead[1].startswith(d.text_close) and d.text_lead[1] != d.text_close
+
+
+def _text_then_calls(b: _Builder, tools: Sequence[Tool], max_calls: int, free: str) -> str:
+    """The plain reply, then maybe the calls (where ``_calls_after_text``): one text lexeme
+    for both (two that end at the same marker would each cut the other off)."""
+    assert b.dialect.text_lead is not None
+    open_, close = b.dialect.text_lead
+    calls = _calls(b, tools, max_calls, after=open_ + close, name="calls_said")
+    rest = b.markup(close[len(b.dialect.text_close):])
+    return f"({free}) ({rest} {calls})?"
+
+
 def _reasoning(b: _Builder, budget: int | None, opened: bool) -> str:
     """The think block (optional; the rule ``think`` captures its text): the dialect's
     opening markup (unless the prompt opened it), at most ``budget`` tokens, the closing
@@ -482,8 +526,10 @@ def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int, *, after: str = "
     open_, close = (b.markup(opening),
                     b.markup(d.section[1])) if d.section else ("", "")
     lead_open, lead_close = d.text_lead or ("", "")
-    if not after and opening.startswith(lead_open + lead_close):  # text before calls too
-        open_ = _parted(b.markup, opening, lead_open)
+    if not after and lead_open and opening.startswith(lead_open + lead_close):
+        open_ = _parted(b.markup, opening, lead_open)  # text before calls opens so too
+    elif not after and d.text_open.strip() and opening.startswith(d.text_open):
+        open_ = _parted(b.markup, opening, d.text_open)  # so does a text reply (Kimi K3)
     trail = '("\\n" | "\\n\\n")?'  # the layout some templates write after the calls
     b.add(name, " ".join(p for p in (open_, f"{first}{more}", close, trail) if p))
     return name

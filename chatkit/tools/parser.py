@@ -167,8 +167,16 @@ class _Scanner:
         if end < 0:
             raise _NoMatch(pos, a.key_close)
         key = self.text[pos:end].strip()
-        typed_json = bool(a.key_close_json) and self._continues(end, a.key_close_json)
-        pos = _expect(self.text, end, a.key_close_json if typed_json else a.key_close)
+        if "{type}" in a.key_close_json:  # the key says the value's type (Kimi K3)
+            before, after = a.key_close_json.split("{type}", 1)
+            pos = _expect(self.text, end, before)
+            stop = self.text.find(after, pos)
+            if stop < 0:
+                raise _NoMatch(pos, after)
+            typed_json, pos = self.text[pos:stop] != "string", stop + len(after)
+        else:
+            typed_json = bool(a.key_close_json) and self._continues(end, a.key_close_json)
+            pos = _expect(self.text, end, a.key_close_json if typed_json else a.key_close)
         # JSON where the key says so, or (untyped keys) where the schema is not a string's
         as_json = typed_json or (not a.key_close_json and not resolves_to_string(props.get(key)))
         if as_json:
@@ -380,7 +388,9 @@ def starts_calls(text: str, dialect: Dialect) -> bool:
     """Whether a reply is calls (it opens with the dialect's call markup), not text."""
     trigger = dialect.trigger
     stripped = text.lstrip(SPACE)
-    if dialect.text_open.strip() and stripped.startswith(dialect.text_open.lstrip(SPACE)):
+    opener = dialect.text_open.lstrip(SPACE)
+    if opener.strip() and stripped.startswith(opener) and \
+            not trigger.lstrip(SPACE).startswith(opener):  # Kimi K3's calls open so too
         return False  # text's own markup (ATEM's ' to=user' beside its calls' ' to=NAME')
     head = call_head(dialect)
     if head and not stripped.startswith(head):  # the markup word exactly, as the grammar

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from .dialects import Dialect
+from ..errors import SchemaUnsupported
+from .dialects import Dialect, json_tag
 from .lark_text import RAW_STRING_MAX, regex_text, resolves_to_string, string_also, text_markup
 
 __all__: list[str] = []
@@ -117,3 +118,48 @@ def py_literal(value: str, quote: str) -> str:
     if quote == "'":
         body = body.replace('\\"', '"').replace("'", "\\'")
     return f"{quote}{body}{quote}"
+
+
+_TAGS = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
+         "null": "null", "object": "object", "array": "array"}
+
+
+def typed_members(schema: Any, defs: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A parameter's schema split by the JSON type of its values, as a key that says its
+    value's type needs it (Kimi K3): ``(tag, schema of the values with that tag)``, tags as
+    :func:`.dialects.json_tag` writes them, each schema with ``defs`` for its references.
+    Raises ``SchemaUnsupported`` where the split is not known (``allOf``, ``not``, ...)."""
+    if not isinstance(schema, dict) or not (set(schema) - ANNOTATIONS - {"default"}):
+        return [(tag, {"type": kind, **defs}) for kind, tag in _TAGS.items() if kind != "integer"]
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
+        where, _, name = ref[2:].partition("/")
+        if name in defs.get(where, {}) and len(set(schema) - ANNOTATIONS) == 1:
+            return typed_members(defs[where][name], defs)
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(values, list):
+        groups: dict[str, list[Any]] = {}
+        for v in values:
+            groups.setdefault(json_tag(v), []).append(v)
+        return [(tag, {"enum": vs}) for tag, vs in groups.items()]
+    kinds = schema.get("type")
+    if isinstance(kinds, str | list) and kinds:
+        rest = {k: v for k, v in schema.items() if k != "type"}
+        tags: dict[str, list[str]] = {}
+        for kind in [kinds] if isinstance(kinds, str) else kinds:
+            tags.setdefault(_TAGS[kind], []).append(kind)
+        return [(tag, {**rest, **defs, "type": ks[0] if len(ks) == 1 else ks})
+                for tag, ks in tags.items()]
+    options = schema.get("anyOf", schema.get("oneOf"))
+    if isinstance(options, list) and options and set(schema) <= {
+            "anyOf", "oneOf", *ANNOTATIONS, "default"}:
+        merged: dict[str, list[dict[str, Any]]] = {}
+        for option in options:
+            for tag, sub in typed_members(option, defs):
+                merged.setdefault(tag, []).append(sub)
+        key = "oneOf" if "oneOf" in schema else "anyOf"
+        return [(tag, subs[0] if len(subs) == 1 else {key: subs, **defs})
+                for tag, subs in merged.items()]
+    raise SchemaUnsupported("type", "", "a key that says its value's type (Kimi K3) needs the "
+                            "type of every value the schema allows: give 'type', 'enum', "
+                            "'const' or an 'anyOf' of such schemas")
