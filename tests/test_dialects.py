@@ -51,17 +51,27 @@ BYTE = llguidance.LLTokenizer("byte")
 @tool
 def get_weather(city: Annotated[str, Field(max_length=16)],
                 days: Annotated[int, Field(ge=1, le=9)] = 1) -> str:
-    """Weather forecast for a city."""
+    """Weather forecast for a city.
+
+    Args:
+        city: The city.
+        days: How many days.
+    """
     return f"sunny in {city}, {days} day(s)"
 
 
 @tool
 def add(a: Annotated[int, Field(ge=-99, le=99)], b: Annotated[int, Field(ge=-99, le=99)]) -> int:
-    """Add two integers."""
+    """Add two integers.
+
+    Args:
+        a: One.
+        b: The other.
+    """
     return a + b
 
 
-TOOLS = check_tools([get_weather, add])
+TOOLS = check_tools([get_weather, add])  # described: Command R+'s template reads that
 ONE = (ToolCall(id="call_1", name="get_weather", arguments={"city": "Oslo", "days": 2}),)
 TWO = (*ONE, ToolCall(id="call_2", name="add", arguments={"a": 1, "b": -2}))
 
@@ -177,7 +187,7 @@ CHAT_TEMPLATES = {  # tests/corpora/chat-templates families that write calls
     "llama-4": "llama4-json", "mistral-nemo-instruct-2407": "mistral-v3",
     "mistral-small-3.2-instruct-2506": "mistral-v11-ids", "phi-4-mini-instruct": "phi-4-mini",
     "qwen2.5-instruct": "hermes", "qwen3-coder": "qwen3-xml", "qwen3": "hermes",
-    "qwq-32b": "hermes",
+    "qwq-32b": "hermes", "command-r-plus-tool_use": "command-r-plus",
 }
 FAMILIES = {**CHAT_TEMPLATES, **_manifest()}
 

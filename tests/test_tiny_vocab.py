@@ -46,7 +46,12 @@ CORPORA = Path(__file__).resolve().parent / "corpora"
 @tool
 def get_weather(city: Annotated[str, Field(max_length=16)],
                 days: Annotated[int, Field(ge=1, le=9)] = 1) -> str:
-    """Weather forecast for a city."""
+    """Weather forecast for a city.
+
+    Args:
+        city: The city.
+        days: How many days.
+    """
     return f"sunny in {city}, {days} day(s)"
 
 
@@ -174,6 +179,7 @@ TOOL_TURNS = [  # (family, its template, the dialect, the marker the calls open 
     _case("gemma-4", "gemma-4-it", "gemma-4", "<|tool_call>"),  # strings in <|"|> tokens
     _case("muse-glimmer", "muse-glimmer", "atem", "<|message|>"),  # ' to=NAME' is text
     _case("kimi-k3", "kimi-k3", "kimi-k3", "<|open|>"),  # after a think block, an empty response
+    _case("command-r7b", "command-r-plus-tool_use", "command-r-plus", None),  # 'Action:' text
     # a template with no tool syntax keeps its own template with the generic envelope
     _case("gemma-4", "gemma-3-it", "generic", None),
 ]

@@ -20,6 +20,7 @@ from typing import Any
 import llguidance
 import pytest
 
+from chatkit.errors import TemplateError
 from chatkit.messages import Message, ToolCall
 from chatkit.templates import ChatTemplate
 from chatkit.tools.definition import check_tools, tool
@@ -268,3 +269,16 @@ def test_markup_that_depends_on_a_values_type_is_not_derived() -> None:
                   PROBE_CALLS) is None
     d = served(path.read_text())
     assert d is not None and d.name == "deepseek-v4"
+
+
+def test_a_template_that_reads_parameter_descriptions_says_so() -> None:
+    """Command R+'s template reads a description on every parameter: a tool without one is
+    a TemplateError that says what to give, not a bare UndefinedError."""
+    source = (CORPORA / "chat-templates/templates/command-r-plus-tool_use.jinja").read_text()
+    template = ChatTemplate.from_string(source, name="command-r-plus-tool_use")
+    bare = {"type": "function", "function": {"name": "f", "description": "F.", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string"}}}}}
+    with pytest.raises(TemplateError, match="give each one"):
+        template.render([Message("user", "Hi")], tools=[bare], add_generation_prompt=True)
+    bare["function"]["parameters"]["properties"]["x"]["description"] = "X."  # type: ignore[index]
+    assert template.render([Message("user", "Hi")], tools=[bare], add_generation_prompt=True)

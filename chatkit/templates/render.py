@@ -366,8 +366,11 @@ class ChatTemplate:
         except jinja2.exceptions.SecurityError as exc:
             raise TemplateError(f"template {self.name!r} tried an unsafe operation: {exc}") from exc
         except Exception as exc:  # any failure inside a foreign template
+            hint = " (the template reads a description on every tool and parameter: give " \
+                "each one, e.g. an Args: docstring section)" if isinstance(
+                    exc, jinja2.exceptions.UndefinedError) and "'description'" in str(exc) else ""
             raise TemplateError(f"template {self.name!r} failed: {type(exc).__name__}: {exc}"
-                                ) from exc
+                                f"{hint}") from exc
         finally:
             self._now = None
 

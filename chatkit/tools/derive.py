@@ -30,8 +30,9 @@ __all__: list[str] = []
 _SPACE = re.compile(r"\s+")
 XML_TOOL = {"type": "function", "function": {
     "name": "probe_fn", "description": "A probe.",
-    "parameters": {"type": "object", "properties": {"key_one": {"type": "string"},
-                                                    "key_two": {"type": "string"}},
+    "parameters": {"type": "object", "properties": {
+        "key_one": {"type": "string", "description": "A text."},
+        "key_two": {"type": "string", "description": "A text."}},
                    "required": ["key_one", "key_two"]}}}
 XML_CALLS = (ToolCall(id="abcDEF123", name="probe_fn",
                       arguments={"key_one": "VALUE_ONE", "key_two": "VALUE_TWO"}),

@@ -42,9 +42,9 @@ _log = logging.getLogger("chatkit")
 
 PROBE_TOOL = {"type": "function", "function": {
     "name": "probe_fn", "description": "A probe.",
-    "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"},
-                                                    "n": {"type": "integer"}},
-                   "required": ["probe_arg"]}}}
+    "parameters": {"type": "object", "properties": {  # described: Command R+ reads that
+        "probe_arg": {"type": "string", "description": "A text."},
+        "n": {"type": "integer", "description": "A number."}}, "required": ["probe_arg"]}}}
 PROBE_CALLS = (ToolCall(id="abcDEF123", name="probe_fn",
                         arguments={"probe_arg": "PROBEVAL", "n": 5}),
                ToolCall(id="xyzXYZ789", name="probe_fn",
@@ -84,10 +84,15 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
         full = "".join(s.text for s in template.render(
             [user, message], tools=tools, add_generation_prompt=False,
             arguments_as_text=as_text))
+        bare = "".join(s.text for s in template.render(
+            [user], tools=tools, add_generation_prompt=False, arguments_as_text=as_text))
     except TemplateError:
         return None
     if full.startswith(prompt):
         return full[len(prompt):]
+    trailed = _before_trailer(prompt, bare, full)
+    if trailed is not None:
+        return trailed
     for opener, closer in THINK_OPENERS.items():  # an empty block the history drops
         block = re.search(re.escape(opener) + r"\s*" + re.escape(closer.strip()) + r"\s*$",
                           prompt)
@@ -98,6 +103,24 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
                     return rest[len(written) - k:]
             return rest
     return _after_dropped_opener(prompt, full)
+
+
+def _before_trailer(prompt: str, bare: str, full: str) -> str | None:
+    """The rendering of a template that writes a turn of its own after the whole history
+    (Command R+'s tool-use instructions): ``bare`` (the history without a generation prompt)
+    ends with it, ``prompt`` adds the generation prompt after it, and the reply comes
+    between the history and it. None where the renderings are not so."""
+    if not prompt.startswith(bare) or len(prompt) == len(bare):
+        return None
+    opening = prompt[len(bare):]
+    n = 0
+    while n < min(len(bare), len(full)) and bare[-1 - n] == full[-1 - n]:
+        n += 1
+    for cut in range(len(bare) - n, len(bare)):  # the trailer's start: where the reply fits
+        history = bare[:cut]
+        if bare[cut] in "<[\n" and bare[cut:].strip() and full.startswith(history + opening):
+            return full[cut + len(opening): len(full) - (len(bare) - cut)]
+    return None
 
 
 def _after_dropped_opener(prompt: str, full: str) -> str | None:

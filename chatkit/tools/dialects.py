@@ -135,6 +135,11 @@ class Dialect:
     """Plain text is written as a JSON string inside ``text_open`` / ``text_close`` (the
     generic envelope's ``{"response": ...}``)."""
 
+    json_indent: tuple[int, int] | None = None
+    """JSON arguments written indented (``tojson(indent=N)``) and shifted under the call's own
+    indent (Command R+'s ``| indent(8)``): ``(N, shift)``; the grammar then takes any layout
+    of spaces and line breaks between JSON tokens (an indent that grows with depth is no
+    fixed separator)."""
     first_index: int = 0
     """The ``INDEX`` slot of a turn's first call (Kimi K3 counts from 1)."""
 
@@ -223,9 +228,13 @@ def json_tag(value: Any) -> str:
 
 
 def render_args(args: Args, arguments: dict[str, Any],
-                separators: tuple[str, str] = (",", ":")) -> str:
+                separators: tuple[str, str] = (",", ":"),
+                indent: tuple[int, int] | None = None) -> str:
     """Arguments in the dialect's encoding (strings raw in XML), JSON with ``separators``
-    (the dialect's ``json_separators``)."""
+    (the dialect's ``json_separators``), or indented as ``indent`` says (``json_indent``)."""
+    if args.kind == "json" and indent is not None:
+        text = json.dumps(arguments, ensure_ascii=False, indent=indent[0])
+        return text.replace("\n", "\n" + " " * indent[1])
     if args.kind == "json":
         return _json(arguments, separators)
     if args.kind == "gemma":
@@ -256,7 +265,8 @@ def render_call(dialect: Dialect, call: ToolCall, index: int) -> str:
         elif piece is INDEX:
             out.append(str(index + dialect.first_index))
         else:
-            out.append(render_args(dialect.args, call.arguments, dialect.json_separators))
+            out.append(render_args(dialect.args, call.arguments, dialect.json_separators,
+                                   dialect.json_indent))
     return "".join(out)
 
 
@@ -408,6 +418,13 @@ KIMI_K3 = Dialect(
 """XTML: every turn has a response block (empty before calls-only), then the calls' tools
 block; each argument's key says its value's JSON type, a string raw, any other JSON."""
 
+COMMAND_R_PLUS = Dialect(
+    "command-r-plus", ('    {\n        "tool_name": "', NAME, '",\n        "parameters": ', ARGS,
+                       "\n    }"),
+    section=("Action:\n```json\n[\n", "\n]```"), separator=",\n", json_indent=(4, 8),
+    families=("Command R+ (tool use)",))
+"""Command R+'s tool-use template: an ``Action:`` block of indented JSON after any text."""
+
 GENERIC = Dialect(
     "generic", ('{"name": "', NAME, '", "arguments": ', ARGS, "}"),
     section=('{"tool_calls": [', "]}"), separator=", ", text_open='{"response": ',
@@ -421,5 +438,6 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, ATEM, KIMI_K3, GENERIC)}
+    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, ATEM, KIMI_K3, COMMAND_R_PLUS,
+    GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

@@ -54,6 +54,9 @@ DEFAULT_MAX_CALLS = 4
 
 def _json_options(dialect: Dialect) -> dict[str, Any]:
     """llguidance's JSON options with the dialect's separators (the template's own)."""
+    if dialect.json_indent is not None:  # any layout: the indent grows with depth
+        return {**json_options(), "whitespace_flexible": True,
+                "whitespace_pattern": "[\\n ]{0,64}"}
     item_sep, key_sep = dialect.json_separators
     return {**json_options(), "item_separator": item_sep, "key_separator": key_sep}
 
@@ -276,8 +279,9 @@ def call_head(dialect: Dialect) -> str:
     where calls open with a name, JSON or a bare bracket (text could not end before it)."""
     words = dialect.trigger.split()
     head = words[0] if words else ""
-    markup = len(head) > 3 and (head[0] in "<[" or head[-1] == "[") and \
-        any(c.isalpha() for c in head)  # (a word glued to its list: Firefunction's functools[)
+    markup = len(head) > 3 and (head[0] in "<[" or head[-1] == "[" or (
+        head[-1] == ":" and head[:-1].isalpha() and len(words) > 1)) and \
+        any(c.isalpha() for c in head)  # (functools[: Firefunction; Action: ```json: Command R+)
     return head if markup else ""
 
 
