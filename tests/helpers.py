@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from chatkit import Constraint, LogitProcessor, SeqChunk
+from chatkit.tools.definition import tool
 
 
 class AllowList:
@@ -382,3 +383,16 @@ TEXT_LEADS = {"llama4-json": ("<|python_start|>", "<|python_end|>"),
 Llama 4's and Functionary v3.2's templates (tests/test_tool_turns.py)."""
 ATEM_REASONING = (" to=self<|message|>", "<|eom|><|start|>assistant")
 """Muse Glimmer's think block (``to=self``), as detection learns it from its template."""
+
+
+@tool
+def get_weather(city: Annotated[str, Field(max_length=16)],
+                days: Annotated[int, Field(ge=1, le=9)] = 1) -> str:
+    """Weather forecast for a city (its parameters described: Command R+'s template reads a
+    description on every parameter).
+
+    Args:
+        city: The city.
+        days: How many days.
+    """
+    return f"sunny in {city}, {days} day(s)"

@@ -43,21 +43,10 @@ from chatkit.tools.detect import detect_dialect, history_for, tool_setup
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.grammar import call_head, tool_grammar
 from chatkit.tools.parser import parse_calls
+from tests.helpers import get_weather
 
 CORPORA = Path(__file__).resolve().parent / "corpora"
 BYTE = llguidance.LLTokenizer("byte")
-
-
-@tool
-def get_weather(city: Annotated[str, Field(max_length=16)],
-                days: Annotated[int, Field(ge=1, le=9)] = 1) -> str:
-    """Weather forecast for a city.
-
-    Args:
-        city: The city.
-        days: How many days.
-    """
-    return f"sunny in {city}, {days} day(s)"
 
 
 @tool

@@ -19,40 +19,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import pytest
-from pydantic import Field
 
 from chatkit import (
     ChatTemplate,
     Conversation,
     Message,
     Model,
-    tool,
 )
 from chatkit.engine.vocab import ATTR_CONTROL, ATTR_USER_DEFINED
 from chatkit.templates import tokenize_segments
 from chatkit.tools.detect import detect_dialect
 from chatkit.tools.dialects import DIALECTS
 
+from .helpers import get_weather
 from .tiny_models import FAMILIES, Family, ds, template_text, tiny_model
 
 pytestmark = pytest.mark.tinyvocab
 
 CORPORA = Path(__file__).resolve().parent / "corpora"
-
-
-@tool
-def get_weather(city: Annotated[str, Field(max_length=16)],
-                days: Annotated[int, Field(ge=1, le=9)] = 1) -> str:
-    """Weather forecast for a city.
-
-    Args:
-        city: The city.
-        days: How many days.
-    """
-    return f"sunny in {city}, {days} day(s)"
 
 
 @pytest.fixture(scope="module")
