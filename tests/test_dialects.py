@@ -253,11 +253,20 @@ def _squash(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
+UNWRITABLE = ChatTemplate.from_string(  # a call whose name is written reversed
+    "{%- if tools %}<|tools|>{{ tools | tojson }}<|end|>{% endif -%}"
+    "{%- for m in messages -%}{%- if m.role == 'assistant' and m.tool_calls -%}<|assistant|>"
+    "{%- for c in m.tool_calls %}CALL {{ c.function.name | reverse }}{% endfor %}<|end|>"
+    "{%- else -%}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}", name="unwritable")
+
+
 def test_a_format_chatkit_cannot_write_is_named(smol: Model) -> None:
-    """MiniMax M3 writes its calls between ``]<]minimax[>[`` separators: refused with what
-    it rendered, and the conversation does not fall back to another template."""
-    t = family_template("minimax-m3")
-    with pytest.raises(ToolFormatUnsupported, match=r"minimax\[>\[<tool_call>"):
+    """A template whose calls match no record and cannot be derived (every corpus template
+    is served now): refused with what it rendered, and the conversation does not fall back
+    to another template."""
+    t = UNWRITABLE
+    with pytest.raises(ToolFormatUnsupported, match=r"CALLnf_eborp"):
         tool_setup(smol, t)
     with pytest.raises(ToolFormatUnsupported):
         Conversation(smol, template=t).send("Weather in Oslo?", tools=[get_weather])

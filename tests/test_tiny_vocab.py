@@ -103,6 +103,7 @@ USER_DEFINED: dict[str, set[str]] = {
     # placed families whose tool markup's token type is not known: user-defined (added,
     # not special), as an added token is by default; GLM-4.5's are all special
     "minimax-m2": {"<minimax:tool_call>", "</minimax:tool_call>", *_THINK},
+    "minimax-m3": {"<mm:think>", "</mm:think>"},
     "seed-oss": {"<seed:tool_call>", "</seed:tool_call>", "<seed:think>", "</seed:think>"},
     "nemotron-v2": {"<TOOLCALL>", "</TOOLCALL>", *_THINK},
     "lfm2": _THINK,
@@ -167,6 +168,7 @@ TOOL_TURNS = [  # (family, its template, the dialect, the marker the calls open 
     _case("muse-glimmer", "muse-glimmer", "atem", "<|message|>"),  # ' to=NAME' is text
     _case("kimi-k3", "kimi-k3", "kimi-k3", "<|open|>"),  # after a think block, an empty response
     _case("command-r7b", "command-r-plus-tool_use", "command-r-plus", None),  # 'Action:' text
+    _case("minimax-m3", "minimax-m3", "minimax-m3", "]<]minimax[>["),  # values as elements
     # a template with no tool syntax keeps its own template with the generic envelope
     _case("gemma-4", "gemma-3-it", "generic", None),
 ]

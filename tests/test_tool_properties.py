@@ -54,7 +54,7 @@ from chatkit.tools.definition import Tool
 from chatkit.tools.dialects import DIALECTS, Dialect, render_calls
 from chatkit.tools.grammar import DEFAULT_MAX_CALLS, call_head, key_end, tool_grammar
 from chatkit.tools.lark_text import markup_for
-from chatkit.tools.parser import parse_calls
+from chatkit.tools.parser import parse_calls, split_reasoning
 from tests.helpers import ATEM_REASONING, TEXT_LEADS
 
 NAMES = sorted(DIALECTS)
@@ -300,7 +300,7 @@ def strings(schema: dict[str, Any], ctx: Ctx, *, raw: bool) -> st.SearchStrategy
     out = texts(hi)
     if d.args.kind == "gemma":  # documented: a string never holds the quote marker
         out = out.map(lambda s: without(s, d.args.quote))
-    if raw and d.args.kind == "xml":
+    if (raw and d.args.kind == "xml") or d.args.kind == "tree":  # (tree: every string raw)
         core = d.args.value_close.strip()  # documented: a raw string never holds it
         out = out.map(lambda s: without(s, core))
         if not ctx.edge_space:
@@ -380,9 +380,21 @@ def typed(value: Any) -> Any:
     raise AssertionError(value)
 
 
+def _no_nulls(value: Any) -> Any:
+    """A value as MiniMax M3 writes it: an object's null member left out (the template's
+    convention: a null argument is an absent one), a list's null item empty, as an empty
+    string is (documented: read back as the string where the item may be one)."""
+    if isinstance(value, dict):
+        return {k: _no_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return ["" if v is None else _no_nulls(v) for v in value]
+    return value
+
+
 def same_calls(d: Dialect, got: Sequence[ToolCall], want: Sequence[ToolCall]) -> None:
-    assert [(c.name, typed(c.arguments)) for c in got] == \
-        [(c.name, typed(c.arguments)) for c in want]
+    same = _no_nulls if d.args.kind == "tree" else (lambda v: v)
+    assert [(c.name, typed(same(c.arguments))) for c in got] == \
+        [(c.name, typed(same(c.arguments))) for c in want]
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if d.ids == "alnum9":
             assert g.id == d.history_id(w.id)
@@ -678,7 +690,7 @@ def schema_values(draw: st.DrawFn, schema: dict[str, Any], ctx: Ctx, top: bool =
             value = float(lo)
     if isinstance(value, str) and ctx.d.args.kind == "gemma":
         value = without(value, ctx.d.args.quote)
-    if isinstance(value, str) and raw:
+    if isinstance(value, str) and (raw or ctx.d.args.kind == "tree"):
         value = without(value, ctx.d.args.value_close.strip())
         key_close = ctx.d.args.key_close
         if key_close != key_close.rstrip() and len(value) == schema.get("maxLength"):
@@ -1243,6 +1255,29 @@ def test_a_typed_key_takes_each_type_its_schema_allows(engine: Model) -> None:
     with pytest.raises(SchemaUnsupported, match="type of every value"):
         tool_grammar([Tool.from_schema("g", {"type": "object", "properties": {
             "v": {"allOf": [{"type": "string"}]}}})], dialect=d)
+
+
+def test_a_turn_without_reasoning_may_open_with_the_think_close(engine: Model) -> None:
+    """MiniMax M3's template opens a turn without reasoning with ``</mm:think>``: the
+    grammar takes that or a whole think block before the calls (nothing else there), the
+    parser reads no reasoning from it; a union of a string and an object is refused by
+    name (their texts could not be told apart)."""
+    d = dataclasses.replace(DIALECTS["minimax-m3"], reasoning=("<mm:think>", "</mm:think>"),
+                            think_closed=True)
+    tool = Tool.from_schema("f", _obj({"o": _obj({"k": {"type": "integer"}}, ["k"]),
+                                       "tags": {"type": "array", "items": {"type": "string"}}},
+                                      ["o"]))
+    wire = render_calls(d, one(tool, {"o": {"k": 3}, "tags": ["a", ""]}))
+    turn = constraint(engine, d, [tool], "auto", 64)
+    for reply in ("</mm:think>" + wire, "<mm:think>Hmm.</mm:think>" + wire):
+        assert refusal(engine, turn, reply) is None, reply
+    assert refusal(engine, turn, wire) is not None
+    reasoning, rest = split_reasoning("</mm:think>" + wire, d, opened=False)
+    assert reasoning is None
+    assert parse_calls(rest, [tool], d)[1][0].arguments == {"o": {"k": 3}, "tags": ["a", ""]}
+    with pytest.raises(SchemaUnsupported, match="cannot be read"):
+        tool_grammar([Tool.from_schema("g", _obj({"v": {"anyOf": [
+            {"type": "string"}, _obj({"k": {"type": "string"}})]}}))], dialect=d)
 
 
 @pytest.mark.parametrize("name", known("json-del", JSON_ARGS))

@@ -198,6 +198,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
             "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>",
             "<|im_assistant|>", "<|im_middle|>", "<|im_end|>", "<|im_user|>"),
            tokens=_rows(_QWEN_SPARE, _KIMI), eos="<|im_end|>", released=False),
+    # MiniMax M3's element marker and turn markers, placed as control tokens (its think tags
+    # user-defined, as M2's)
+    Family("minimax-m3", "qwen2", "minimax-m3", ("]<]minimax[>[", "]~b]", "[e~[", "<mm:think>",
+                                                 "</mm:think>"),
+           tokens=_rows(_QWEN_SPARE, ["]~!b[", "]~b]", "[e~[", "]<]minimax[>["])
+           + _rows(_QWEN_SPARE + 4, ["<mm:think>", "</mm:think>"], USER_DEFINED),
+           eos="[e~[", eot="[e~[", released=False),
     # Kimi K3's XTML markers are not in K2's released table: placed as control tokens
     Family("kimi-k3", "qwen2", "kimi-k3", ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"),
            tokens=_rows(_QWEN_SPARE, _KIMI_K3), eos="<|end_of_msg|>", eot="<|end_of_msg|>",

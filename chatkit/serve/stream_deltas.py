@@ -29,6 +29,7 @@ from ..tools.parser import (
     py_args_so_far,
     scan_calls,
     scan_head,
+    tree_args_so_far,
     xml_args_so_far,
 )
 
@@ -150,7 +151,8 @@ class _DialectCalls:
             else:  # a parameter at a time
                 tool = next(t for t in r.tool_list if t.name == call["name"])
                 so_far = xml_args_so_far(r.text, call["at"], r.dialect, tool) \
-                    if kind == "xml" else gemma_args_so_far(r.text, call["at"], r.dialect) \
+                    if kind == "xml" else tree_args_so_far(r.text, call["at"], r.dialect, tool) \
+                    if kind == "tree" else gemma_args_so_far(r.text, call["at"], r.dialect) \
                     if kind == "gemma" else py_args_so_far(r.text, call["at"], r.dialect)
                 text = json.dumps(so_far, ensure_ascii=False)[:-1] if so_far else ""
             fragment = text[len(call["arguments"]):] if text.startswith(call["arguments"]) \

@@ -188,6 +188,8 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
         close = thought[i + len("PROBETHINK"):k]
         if close.strip() and (i == 0 or thought[:i].strip()):
             reasoning = (thought[:i], close)
+    closed = reasoning is not None and bool(reasoning[0].strip()) and \
+        one.lstrip().startswith(reasoning[1].strip())  # written with no reasoning (M3)
     shut = reasoning[1] if reasoning and not reasoning[0] else ""  # the prompt opened it
     if shut and said.startswith(shut) and one.startswith(shut):  # Kimi K3's empty block
         said, one, at = said[len(shut):], one[len(shut):], at - len(shut)
@@ -197,7 +199,8 @@ def _learn(template: ChatTemplate, d: Dialect, *, as_text: bool) -> Dialect:
         lead = None  # the text is a turn of its own (Nemotron Nano v2): the model ends there
     if lead is not None and reasoning is not None and lead[0] == reasoning[0]:
         lead = None  # the text goes into the think block (harmony's analysis channel)
-    return dataclasses.replace(d, text_before=before, text_lead=lead, reasoning=reasoning)
+    return dataclasses.replace(d, text_before=before, text_lead=lead, reasoning=reasoning,
+                               think_closed=closed)
 
 
 def _text_lead(d: Dialect, said: str, one: str, at: int) -> tuple[str, str] | None:

@@ -7,10 +7,10 @@ record says ``<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>``
 ``<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>ARGS<|tool_call_end|>``
 (Kimi K2). Around the calls: an optional per-turn section, a separator between parallel
 calls, a cap on calls per turn; around plain text: an optional wrapper (harmony's final
-channel, Command R7B's response). Arguments are encoded one of three ways
+channel, Command R7B's response). Arguments are encoded one of five ways
 (:class:`Args`): a JSON object, XML-like key/value pairs (a parameter the schema types as
-string is raw text, any other is JSON), Python keyword arguments, or Gemma 4's keyed
-values (``city:<|"|>Oslo<|"|>,days:3``).
+string is raw text, any other is JSON), Python keyword arguments, Gemma 4's keyed
+values (``city:<|"|>Oslo<|"|>,days:3``), or MiniMax M3's nested elements.
 
 The same record drives the grammar (:mod:`.grammar`), the parser (:mod:`.parser`), the
 wire text of stored calls (:func:`render_calls`, what detection compares a template's
@@ -65,9 +65,13 @@ class Args:
       cannot contain the marker), booleans ``true``/``false``, null ``None``, numbers as
       Python writes them, lists ``[a,b]`` and objects ``{key:value,...}`` (keys sorted
       and bare) of such values (Gemma 4's template).
+    - ``tree``: per parameter an element ``key_open KEY key_close VALUE value_close </KEY>``;
+      a string raw, a number or ``true``/``false`` as written, an object its properties as
+      such elements, a list ``item`` elements; a null value is left out (MiniMax M3's
+      template).
     """
 
-    kind: Literal["json", "xml", "python", "gemma"] = "json"
+    kind: Literal["json", "xml", "python", "gemma", "tree"] = "json"
     key_open: str = ""
     key_close: str = ""
     value_close: str = ""
@@ -131,6 +135,9 @@ class Dialect:
     reasoning: tuple[str, str] | None = None
     """The think block's opening and closing markup as the template writes it before a
     reply (``("<think>\n", "\n</think>\n\n")``), where it renders reasoning."""
+    think_closed: bool = False
+    """A reply without reasoning still writes the think block's close (MiniMax M3 opens
+    each such turn with ``</mm:think>``)."""
     text_json: bool = False
     """Plain text is written as a JSON string inside ``text_open`` / ``text_close`` (the
     generic envelope's ``{"response": ...}``)."""
@@ -220,6 +227,20 @@ def _gemma_items(arguments: dict[str, Any], quote: str, separator: str) -> str:
                           for k in gemma_order(list(arguments)))
 
 
+def tree_text(value: Any, args: Args) -> str:
+    """A value as MiniMax M3's template writes it (``to_xml``): a mapping's non-null items
+    and a list's items as elements, ``true``/``false``, anything else as Python prints it."""
+    if isinstance(value, dict):
+        return "".join(f"{args.key_open}{k}{args.key_close}{tree_text(v, args)}"
+                       f"{args.value_close}</{k}>" for k, v in value.items() if v is not None)
+    if isinstance(value, list):
+        return "".join(f"{args.key_open}item{args.key_close}{tree_text(v, args)}"
+                       f"{args.value_close}</item>" for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
 def json_tag(value: Any) -> str:
     """A value's JSON type as Kimi K3's ``type=`` writes it (integers are numbers)."""
     return ("boolean" if isinstance(value, bool) else "null" if value is None else
@@ -239,6 +260,8 @@ def render_args(args: Args, arguments: dict[str, Any],
         return _json(arguments, separators)
     if args.kind == "gemma":
         return _gemma_items(arguments, args.quote, args.separator)
+    if args.kind == "tree":
+        return tree_text(arguments, args)
     if args.kind == "python":
         return args.separator.join(f"{k}={_py_value(v, args.quote, separators)}"
                                    for k, v in arguments.items())
@@ -418,6 +441,14 @@ KIMI_K3 = Dialect(
 """XTML: every turn has a response block (empty before calls-only), then the calls' tools
 block; each argument's key says its value's JSON type, a string raw, any other JSON."""
 
+_MM = "]<]minimax[>["
+MINIMAX_M3 = Dialect(
+    "minimax-m3", (_MM, '<invoke name="', NAME, '">', ARGS, _MM, "</invoke>\n"),
+    section=(_MM + "<tool_call>\n", _MM + "</tool_call>"),
+    args=Args("tree", key_open=_MM + "<", key_close=">", value_close=_MM),
+    families=("MiniMax M3",))
+"""Every element's tag after MiniMax M3's ``]<]minimax[>[`` marker; values nested as XML."""
+
 COMMAND_R_PLUS = Dialect(
     "command-r-plus", ('    {\n        "tool_name": "', NAME, '",\n        "parameters": ', ARGS,
                        "\n    }"),
@@ -438,6 +469,6 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     HERMES, QWEN3_XML, LLAMA3_JSON, LLAMA4_JSON, LLAMA4_PYTHONIC, MISTRAL_V3, MISTRAL_V11_IDS,
     MISTRAL_V11, HARMONY, DEEPSEEK_R1, DEEPSEEK_V31, COMMAND_R7B, GRANITE3, FUNCTIONARY_V31,
     FUNCTIONARY_V32, KIMI_K2, GLM45, MINIMAX_M2, SEED_OSS, NEMOTRON_V2, PHI4_MINI, APERTUS,
-    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, ATEM, KIMI_K3, COMMAND_R_PLUS,
-    GENERIC)}
+    LFM2, LFM2_CONTENT, LFM2_LIST, DEEPSEEK_V32, DEEPSEEK_V4, GEMMA4, ATEM, KIMI_K3,
+    COMMAND_R_PLUS, MINIMAX_M3, GENERIC)}
 """Every dialect chatkit writes, by name (``tool_format=`` takes these names)."""

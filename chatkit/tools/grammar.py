@@ -46,6 +46,7 @@ from .lark_text import (
 )
 from .options import TOOL_CHOICES, check_parallel, check_tool_choice
 from .py_values import ANNOTATIONS, py_params, py_value, simple_union, typed_members
+from .tree_values import tree_params
 
 __all__: list[str] = []
 
@@ -116,6 +117,8 @@ class _Builder:
         defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         if kind == "gemma":
             return self.add(name, gemma_params(self, name, schema, defs, "") or '""')
+        if kind == "tree":
+            return self.add(name, tree_params(self, f"{name}_t", schema, defs, "") or '""')
         items = []
         for j, (key, sub) in enumerate(props.items()):
             if kind == "xml" and (key_end(self.dialect) in key or key != key.strip()):
@@ -279,7 +282,7 @@ def call_head(dialect: Dialect) -> str:
     where calls open with a name, JSON or a bare bracket (text could not end before it)."""
     words = dialect.trigger.split()
     head = words[0] if words else ""
-    markup = len(head) > 3 and (head[0] in "<[" or head[-1] == "[" or (
+    markup = len(head) > 3 and (head[0] in "<[]" or head[-1] == "[" or (
         head[-1] == ":" and head[:-1].isalpha() and len(words) > 1)) and \
         any(c.isalpha() for c in head)  # (functools[: Firefunction; Action: ```json: Command R+)
     return head if markup else ""
@@ -493,6 +496,9 @@ def _reasoning(b: _Builder, budget: int | None, opened: bool) -> str:
         written = " ".join(p for p in (mark, tail) if p)
         b.add("think_end", f"{tail} | {written}" if tail else f"({written})?")
     body = "think think_end" if opened else f"{_beside_calls(b, open_)} think think_end"
+    if b.dialect.think_closed and not opened:  # no reasoning: the close alone
+        b.add("reason", f"{body} | {' '.join(p for p in (mark, tail) if p)}")
+        return "reason"
     b.add("reason", body)
     return "reason" if opened else "reason?"
 
@@ -527,8 +533,9 @@ def _calls(b: _Builder, tools: Sequence[Tool], max_calls: int, *, after: str = "
         more = f" ({sep} call_{k if by_position else 0}{more})?"
     opening = d.section[0][d.section[0].index(after) + len(after):] if after and d.section \
         else d.section[0] if d.section else ""
-    open_, close = (b.markup(opening),
-                    b.markup(d.section[1])) if d.section else ("", "")
+    first_piece = d.call[0] if d.call and isinstance(d.call[0], str) else ""
+    open_, close = (b.markup(opening),  # the close parted where a next call begins alike
+                    _parted(b.markup, d.section[1], first_piece)) if d.section else ("", "")
     lead_open, lead_close = d.text_lead or ("", "")
     if not after and lead_open and opening.startswith(lead_open + lead_close):
         open_ = _parted(b.markup, opening, lead_open)  # text before calls opens so too

@@ -23,6 +23,7 @@ from .definition import Tool
 from .dialects import ARGS, ID, INDEX, NAME, Dialect
 from .grammar import call_head, key_end
 from .lark_text import resolves_to_string, string_values
+from .tree_values import TreeMismatch, read_tree_args
 
 __all__: list[str] = []
 
@@ -138,6 +139,11 @@ class _Scanner:
         props = schema.get("properties", {}) if isinstance(schema, dict) else {}
         if kind == "xml":
             return self.xml_args(pos, props)
+        if kind == "tree":
+            try:
+                return read_tree_args(self.text, pos, schema, self.d.args)
+            except TreeMismatch as exc:
+                raise _NoMatch(exc.pos, exc.wanted) from None
         if kind == "gemma":
             return _gemma_pairs(self.text, pos, self.d.args.quote,
                                 (following or "}").strip()[:1] or "}")
@@ -440,6 +446,15 @@ def xml_args_so_far(text: str, pos: int, dialect: Dialect, tool: Tool) -> dict[s
     return _Scanner(text, dialect, [tool]).xml_args(pos, props, partial=True)[0]
 
 
+def tree_args_so_far(text: str, pos: int, dialect: Dialect, tool: Tool) -> dict[str, Any]:
+    """MiniMax M3's top-level arguments written completely from ``pos`` so far."""
+    try:
+        return read_tree_args(text, pos, tool.definition.parameters_schema, dialect.args,
+                              partial=True)[0]
+    except TreeMismatch:
+        return {}
+
+
 def gemma_args_so_far(text: str, pos: int, dialect: Dialect) -> dict[str, Any]:
     """Gemma 4's ``key:value`` pairs written completely from ``pos`` so far."""
     return _gemma_pairs(text, pos, dialect.args.quote, "}", partial=True)[0]
@@ -478,6 +493,8 @@ def split_reasoning(text: str, dialect: Dialect, *, opened: bool,
     rest = text
     if not opened:
         stripped = text.lstrip()
+        if dialect.think_closed and close and stripped.startswith(close):
+            return None, stripped[len(close):]  # no reasoning: the close alone (MiniMax M3)
         if not open_ or not stripped.startswith(open_):
             return None, text
         rest = stripped[len(open_):]
