@@ -84,13 +84,16 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
         full = "".join(s.text for s in template.render(
             [user, message], tools=tools, add_generation_prompt=False,
             arguments_as_text=as_text))
-        bare = "".join(s.text for s in template.render(
-            [user], tools=tools, add_generation_prompt=False, arguments_as_text=as_text))
     except TemplateError:
         return None
     if full.startswith(prompt):
         return full[len(prompt):]
-    trailed = _before_trailer(prompt, bare, full)
+    try:  # a turn the template writes after the whole history (Command R+)
+        bare = "".join(s.text for s in template.render(
+            [user], tools=tools, add_generation_prompt=False, arguments_as_text=as_text))
+        trailed = _before_trailer(prompt, bare, full)
+    except TemplateError:
+        trailed = None
     if trailed is not None:
         return trailed
     for opener, closer in THINK_OPENERS.items():  # an empty block the history drops
