@@ -479,7 +479,9 @@ def _text_then_calls(b: _Builder, tools: Sequence[Tool], max_calls: int, free: s
 def _reasoning(b: _Builder, budget: int | None, opened: bool) -> str:
     """The think block (optional; the rule ``think`` captures its text): the dialect's
     opening markup (unless the prompt opened it), at most ``budget`` tokens, the closing
-    markup (written by the model, or forced when the budget runs out)."""
+    markup (a token: written by the model, or forced when the budget runs out; text: the
+    think text's ``suffix`` where the model writes it, and optional once the budget ran out,
+    the reply's reasoning then ending where the budget did)."""
     assert b.dialect.reasoning is not None
     open_, close = b.dialect.reasoning
     core = close.strip()
