@@ -60,7 +60,7 @@ def gemma_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, An
 
 def value_rule(b: Rules, name: str, schema: Any, defs: dict[str, Any], path: str) -> str:
     """One value under ``schema`` (its ``$ref`` resolved in ``defs``)."""
-    schema = _resolved(schema, defs, path)
+    schema = resolved(schema, defs, path)
     if resolves_to_string(schema):
         return _string(b, name, schema)
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
@@ -83,7 +83,11 @@ def value_rule(b: Rules, name: str, schema: Any, defs: dict[str, Any], path: str
     raise SchemaUnsupported("type", path, f"gemma-4 arguments cannot write {kind!r}")
 
 
-def _resolved(schema: Any, defs: dict[str, Any], path: str) -> dict[str, Any]:
+def resolved(schema: Any, defs: dict[str, Any], path: str, who: str = "gemma-4"
+             ) -> dict[str, Any]:
+    """``schema`` with its local ``$ref`` followed in ``defs``; ``SchemaUnsupported`` (naming
+    ``who``, the dialect) for a missing definition, an untyped value or a keyword in
+    ``REFUSED``."""
     table = {**defs.get("$defs", {}), **defs.get("definitions", {})}
     while isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
         ref = schema["$ref"].rsplit("/", 1)[-1]
@@ -92,10 +96,10 @@ def _resolved(schema: Any, defs: dict[str, Any], path: str) -> dict[str, Any]:
                                     "definition")
         schema = table[ref]
     if not isinstance(schema, dict) or not schema:
-        raise SchemaUnsupported("schema", path, "gemma-4 arguments need a typed value")
+        raise SchemaUnsupported("schema", path, f"{who} arguments need a typed value")
     for keyword in REFUSED:
         if keyword in schema:
-            raise SchemaUnsupported(keyword, path, "not enforced in gemma-4 arguments")
+            raise SchemaUnsupported(keyword, path, f"not enforced in {who} arguments")
     return schema
 
 
@@ -119,15 +123,18 @@ def _string(b: Rules, name: str, schema: dict[str, Any]) -> str:
 def _union(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     """``type: [...]`` or ``anyOf``: any member's value."""
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        members = [{**schema, "type": k} for k in kind]
-    else:
-        rest = {k: v for k, v in schema.items() if k != "anyOf"}
-        members = [{**rest, **o} if isinstance(o, dict) else o for o in schema["anyOf"]]
     return b.add(name, " | ".join(
         value_rule(b, f"{name}_{k}", m, defs, f"{path}/anyOf/{k}")
-        for k, m in enumerate(members)) or '""')
+        for k, m in enumerate(union_members(schema))) or '""')
+
+
+def union_members(schema: dict[str, Any]) -> list[Any]:
+    """A ``type: [...]`` or ``anyOf`` schema's members, each with the rest of ``schema``."""
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return [{**schema, "type": k} for k in kind]
+    rest = {k: v for k, v in schema.items() if k != "anyOf"}
+    return [{**rest, **o} if isinstance(o, dict) else o for o in schema["anyOf"]]
 
 
 def _array(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],

@@ -20,10 +20,12 @@ import json
 from typing import Any
 
 from ..errors import SchemaUnsupported
-from .gemma_values import REFUSED, Rules
+from .gemma_values import Rules, resolved, union_members
 from .lark_text import resolves_to_string, text_markup
 
 __all__: list[str] = []
+
+_WHO = "minimax-m3"
 
 
 def tree_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
@@ -40,7 +42,7 @@ def tree_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any
             raise SchemaUnsupported("properties", f"{path}/{key}", "a minimax-m3 element is "
                                     "named <key>: an empty name or one holding '>' cannot be "
                                     "read")
-        sub = _resolved(props[key], defs, f"{path}/{key}")
+        sub = resolved(props[key], defs, f"{path}/{key}", _WHO)
         if _only_null(sub):
             continue  # left out, as the template leaves a null value out; read back as null
         value = value_rule(b, f"{name}_{j}", sub, defs, f"{path}/{key}")
@@ -95,13 +97,7 @@ def _literal(value: Any) -> str:
 def _union(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     """``type: [...]`` or ``anyOf`` of scalars: any member's value (null left out)."""
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        members = [{**schema, "type": k} for k in kind]
-    else:
-        rest = {k: v for k, v in schema.items() if k != "anyOf"}
-        members = [_resolved({**rest, **o} if isinstance(o, dict) else o, defs, path)
-                   for o in schema["anyOf"]]
+    members = [resolved(m, defs, path, _WHO) for m in union_members(schema)]
     nullable = any(_only_null(m) for m in members)  # empty where it is a list's item
     members = [m for m in members if not _only_null(m)]
     if any(m.get("type") in ("object", "array") for m in members) and len(members) > 1:
@@ -121,26 +117,10 @@ def _array(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
     lo, hi = schema.get("minItems", 0), schema.get("maxItems")
     if hi == 0:
         return mark
-    item_schema = _resolved(schema["items"], defs, f"{path}/items")
+    item_schema = resolved(schema["items"], defs, f"{path}/items", _WHO)
     item = value_rule(b, f"{name}_i", item_schema, defs, f"{path}/items")
     one = b.add(f"{name}_e", f"{_open(b, 'item')} {item} {b.lit('</item>')}")
     return b.add(name, f"{one}{{{lo},{'' if hi is None else hi}}} {mark}")
-
-
-def _resolved(schema: Any, defs: dict[str, Any], path: str) -> dict[str, Any]:
-    table = {**defs.get("$defs", {}), **defs.get("definitions", {})}
-    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
-        ref = schema["$ref"].rsplit("/", 1)[-1]
-        if ref not in table:
-            raise SchemaUnsupported("$ref", path, f"{schema['$ref']!r} is not a local "
-                                    "definition")
-        schema = table[ref]
-    if not isinstance(schema, dict) or not schema:
-        raise SchemaUnsupported("schema", path, "minimax-m3 arguments need a typed value")
-    for keyword in REFUSED:
-        if keyword in schema:
-            raise SchemaUnsupported(keyword, path, "not enforced in minimax-m3 arguments")
-    return schema
 
 
 def _only_null(schema: dict[str, Any]) -> bool:
@@ -186,7 +166,7 @@ def _read_object(text: str, pos: int, schema: dict[str, Any], defs: dict[str, An
             if end < 0:
                 raise TreeMismatch(start, a.key_close)
             key = text[start:end]
-            sub = _resolved(props.get(key, {"type": "string"}), defs, f"/{key}")
+            sub = resolved(props.get(key, {"type": "string"}), defs, f"/{key}", _WHO)
             value, pos = _read_value(text, end + len(a.key_close), sub, defs, a)
             tag = f"{closing}{key}{a.key_close}"
             if not text.startswith(tag, pos):
@@ -210,7 +190,7 @@ def _read_value(text: str, pos: int, schema: dict[str, Any], defs: dict[str, Any
     if kinds & {"object", "array"} and text.startswith(a.key_open, pos) and \
             not text.startswith(a.value_close + "</", pos):
         if "array" in kinds:
-            items = _resolved(schema.get("items", {"type": "string"}), defs, "/items")
+            items = resolved(schema.get("items", {"type": "string"}), defs, "/items", _WHO)
             out = []
             head = f"{a.key_open}item{a.key_close}"
             tail = f"{a.value_close}</item{a.key_close}"
@@ -250,7 +230,7 @@ def _kinds(schema: dict[str, Any], defs: dict[str, Any]) -> set[str]:
     out: set[str] = set()
     for option in schema.get("anyOf", ()):
         if isinstance(option, dict):
-            out |= _kinds(_resolved(option, defs, ""), defs)
+            out |= _kinds(resolved(option, defs, "", _WHO), defs)
     return out or {"string"}
 
 
