@@ -282,3 +282,44 @@ def test_a_template_that_reads_parameter_descriptions_says_so() -> None:
         template.render([Message("user", "Hi")], tools=[bare], add_generation_prompt=True)
     bare["function"]["parameters"]["properties"]["x"]["description"] = "X."  # type: ignore[index]
     assert template.render([Message("user", "Hi")], tools=[bare], add_generation_prompt=True)
+
+
+SPACED = {  # records' markers with the space a template writes between them
+    "mistral-v3": (
+        "{%- for m in messages -%}{%- if m.role == 'user' -%}[INST]{{ m.content }}[/INST]"
+        "{%- elif m.role == 'assistant' and m.tool_calls -%}[TOOL_CALLS] ["
+        "{%- for c in m.tool_calls -%}{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+        "{{ c.function.arguments | tojson }}, \"id\": \"{{ c.id }}\"}"
+        "{%- if not loop.last %}, {% endif %}{%- endfor -%}]</s>"
+        "{%- elif m.role == 'assistant' -%}{{ m.content }}</s>"
+        "{%- else -%}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{%- endif -%}{%- endfor -%}"
+        "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}",
+        ("[TOOL_CALLS] [", "]"), ", "),
+    "deepseek-v3.1": (  # indentation a template leaks between the markers
+        "{%- for m in messages -%}{%- if m.role == 'user' -%}<｜User｜>{{ m.content }}"  # noqa: RUF001
+        "{%- elif m.role == 'assistant' and m.tool_calls -%}<｜Assistant｜><｜tool▁calls▁begin｜>"  # noqa: RUF001
+        "{%- for c in m.tool_calls -%}<｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>"  # noqa: RUF001
+        "{{ c.function.arguments | tojson }}<｜tool▁call▁end｜>{% if not loop.last %}"  # noqa: RUF001
+        "{{ '\\n    ' }}{% endif %}{%- endfor %}{{ '\\n  ' }}<｜tool▁calls▁end｜>"  # noqa: RUF001
+        "<｜end▁of▁sentence｜>"  # noqa: RUF001
+        "{%- elif m.role == 'assistant' -%}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>"  # noqa: RUF001
+        "{%- else -%}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>{%- endif -%}"  # noqa: RUF001
+        "{%- endfor -%}{%- if tools %}TOOLS {{ tools | tojson }}{% endif %}"
+        "{%- if add_generation_prompt %}<｜Assistant｜>{% endif %}",  # noqa: RUF001
+        ("<｜tool▁calls▁begin｜>", "\n  <｜tool▁calls▁end｜>"), "\n    "),  # noqa: RUF001
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPACED))
+def test_space_between_a_records_markers_is_learned(name: str) -> None:
+    """A template that writes a record's markers with space between them (vLLM's Mistral 3
+    ``[TOOL_CALLS] [``, its DeepSeek templates' leaked indentation): the record is taken
+    with that space, so the grammar accepts the template's own call turns and the parser
+    reads them back (before, the grammar refused them or the calls read as text)."""
+    source, section, separator = SPACED[name]
+    d = served(source)
+    assert d is not None and d.name == name
+    assert (d.section, d.separator) == (section, separator)
+    template = ChatTemplate.from_string(source, name=name)
+    for shape in ("one call", "two calls"):
+        assert check_turn(template, d, shape) is None, shape

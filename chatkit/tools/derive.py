@@ -18,12 +18,13 @@ to records.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..messages import Message, ToolCall
-from .dialects import ARGS, ID, NAME, Args, Dialect, Piece, render_args, render_calls
+from .dialects import ARGS, ID, NAME, Args, Dialect, Piece, render_args, render_call, render_calls
 
 __all__: list[str] = []
 
@@ -208,3 +209,95 @@ def probe_render(render_turn: Callable[[Message, dict[str, Any]], str | None]) -
     """A :data:`Render` from a function rendering one assistant message with one tool."""
     return lambda calls, tool: render_turn(Message("assistant", "", tool_calls=tuple(calls)),
                                            tool)
+
+
+
+# ------------------------------------------------------------------ a record's whitespace
+Segment = tuple[str, str]
+"""A stretch of a rendering: its part of the record ("s0" / "s1" the section's opening /
+closing, "sep" the separator, "c<k>" the call's k-th piece, a literal; "" a slot's text)
+and its text."""
+
+
+def _segments(d: Dialect, calls: Sequence[ToolCall]) -> list[Segment]:
+    out: list[Segment] = [("s0", d.section[0])] if d.section else []
+    for i, call in enumerate(calls):
+        if i:
+            out.append(("sep", d.separator))
+        for k, piece in enumerate(d.call):
+            out.append((f"c{k}", piece) if isinstance(piece, str) else
+                       ("", render_call(dataclasses.replace(d, call=(piece,)), call, i)))
+    return [*out, ("s1", d.section[1])] if d.section else out
+
+
+def _cores(segments: list[Segment], text: str) -> list[tuple[int, int] | None] | None:
+    """Each segment's span in ``text`` from its first to its last non-space character (None
+    for one that is all space), where the segments appear in ``text`` whitespace aside."""
+    kept = [i for i, ch in enumerate(text) if not ch.isspace()]
+    at = "".join(text[i] for i in kept).find("".join(_squash(s) for _, s in segments))
+    if at < 0:
+        return None
+    spans: list[tuple[int, int] | None] = []
+    for _, s in segments:
+        n = len(_squash(s))
+        spans.append((kept[at], kept[at + n - 1] + 1) if n else None)
+        at += n
+    return spans
+
+
+def _spaced(segments: list[Segment], text: str) -> dict[str, str] | None:
+    """Each literal part's text as ``text`` writes it: its core plus the space around it (a
+    gap goes to an all-space literal in it, else to the literal it separates from a slot,
+    else to the next literal unless the record's previous one ends with space); None where
+    the segments do not align or one part is written two ways."""
+    spans = _cores(segments, text)
+    if spans is None:
+        return None
+    got: dict[int, str] = {i: text[sp[0]:sp[1]] for i, sp in enumerate(spans) if sp}
+    cores = [i for i, sp in enumerate(spans) if sp]
+    for a, b in itertools.pairwise(cores):
+        gap = text[spans[a][1]:spans[b][0]]  # type: ignore[index]
+        empty = [i for i in range(a + 1, b) if segments[i][0]]
+        if empty:
+            got.update({i: "" for i in empty})
+            got[empty[0]] = gap
+        elif segments[a][0] and (not segments[b][0] or segments[a][1][-1:].isspace()):
+            got[a] += gap  # where the record's own piece ends with space (", "), there
+        elif segments[b][0]:
+            got[b] = gap + got[b]
+        elif gap:
+            return None
+    parts: dict[str, str] = {}
+    for i, (key, _) in enumerate(segments):
+        if key and parts.setdefault(key, got.get(i, "")) != got.get(i, ""):
+            return None
+    return parts
+
+
+def respaced(d: Dialect, calls: Sequence[ToolCall], one: str, two: str | None) -> Dialect:
+    """``d`` with the space the template writes in and around its markers, where the record
+    matches the template's renderings (``one``: ``calls[:1]``'s, ``two``: ``calls``', or
+    None) only with whitespace aside (Mistral 3's ``[TOOL_CALLS] [``, indentation a
+    template leaks between DeepSeek's markers); ``d`` itself where it matches as written or
+    the renderings do not say."""
+    seps = (d.json_separators, (", ", ": "), (",", ":"))
+
+    def writes(r: Dialect, some: Sequence[ToolCall], text: str) -> bool:
+        return any(render_calls(dataclasses.replace(r, json_separators=s), some) in text
+                   for s in seps)
+
+    if writes(d, calls[:1], one):
+        return d
+    parts = _spaced(_segments(d, calls[:1]), one)
+    if two is not None and d.max_calls != 1 and parts is not None:
+        both = _spaced(_segments(d, calls), two)
+        parts = both if both is not None and all(both[k] == v for k, v in parts.items()) \
+            else None
+    if parts is None:
+        return d
+    found = dataclasses.replace(
+        d, call=tuple(parts[f"c{k}"] if isinstance(p, str) else p
+                      for k, p in enumerate(d.call)),
+        section=(parts["s0"], parts["s1"]) if d.section else d.section,
+        separator=parts.get("sep", d.separator))
+    return found if writes(found, calls[:1], one) else d

@@ -32,7 +32,7 @@ from ..engine.protocols import Vocabulary
 from ..errors import TemplateError, ToolFormatUnsupported
 from ..messages import Message, ToolCall
 from ..templates import ChatTemplate, single_control
-from .derive import derive, probe_render
+from .derive import derive, probe_render, respaced
 from .dialects import DIALECTS, GENERIC, HERMES, Dialect, render_args, render_calls
 from .options import check_tool_format
 
@@ -56,14 +56,18 @@ def _squash(text: str) -> str:
     return _SPACE.sub("", text)
 
 
-def _rendered(template: ChatTemplate, calls: Sequence[ToolCall], *, as_text: bool) -> str:
+def _rendered(template: ChatTemplate, calls: Sequence[ToolCall], *, as_text: bool,
+              squash: bool = True) -> str:
+    """A conversation with ``calls`` and their results as ``template`` writes it
+    (``squash``: whitespace removed)."""
     messages = [Message("user", "QUESTION"),
                 Message("assistant", "", tool_calls=tuple(calls)),
                 *(Message("tool", f"RESULT{i}", tool_call_id=c.id, name=c.name)
                   for i, c in enumerate(calls))]
     segments = template.render(messages, tools=[PROBE_TOOL], add_generation_prompt=False,
                                arguments_as_text=as_text)
-    return _squash("".join(s.text for s in segments))
+    text = "".join(s.text for s in segments)
+    return _squash(text) if squash else text
 
 
 def assistant_rendering(template: ChatTemplate, message: Message, *,
@@ -259,6 +263,10 @@ def _detect(source: str) -> Dialect | str | None:
         two = _probe(template, PROBE_CALLS, as_text=as_text)
         if two is None or _match(two, PROBE_CALLS) is not found:
             found = dataclasses.replace(found, max_calls=1)
+        found = respaced(found, PROBE_CALLS, _rendered(template, PROBE_CALLS[:1],
+                                                       as_text=as_text, squash=False),
+                         None if found.max_calls == 1 else
+                         _rendered(template, PROBE_CALLS, as_text=as_text, squash=False))
         if as_text:
             found = dataclasses.replace(found, args_as="string")
         return _learn(template, found, as_text=as_text)
