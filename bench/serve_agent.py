@@ -13,7 +13,11 @@ server: ``chatkit serve`` (no flag but the port and two sequences) and llama.cpp
 ``llama-server`` (``--jinja``, ``-np 2``, the same context per slot). Sessions alternate
 between the servers, in an order that rotates. What a second turn costs is the point: an
 agent's next request repeats the whole prompt before it, and a server that keeps the
-prefix evaluates only what was appended.
+prefix evaluates only what was appended. Each turn says what the server wrote (a call or
+text): a turn's first delta comes after its first token for text, but only once a call's
+name is written for a call (under the generic fallback, ``{"tool_calls": [{"name": "...``,
+about 15 tokens on Gemma), so turns that wrote different things do not compare. The
+Gemma GGUF carries no chat template: llama-server renders it as ChatML, without the tools.
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ def one_turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str,
     t0 = time.perf_counter()
     first: float | None = None
     usage: Any = None
+    called = False
     stream = client.chat.completions.create(
         model="m", messages=messages, tools=TOOLS, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True}, temperature=0, max_tokens=MAX_TOKENS)
@@ -111,6 +116,7 @@ def one_turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str,
         usage = chunk.usage or usage
         for c in chunk.choices:
             d = c.delta
+            called = called or bool(d.tool_calls)
             if first is None and (d.content or d.tool_calls
                                   or getattr(d, "reasoning_content", None)):
                 first = time.perf_counter() - t0
@@ -120,7 +126,7 @@ def one_turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str,
     completion = usage.completion_tokens if usage is not None else 0
     return {"ttft": first, "total": total, "prompt": usage.prompt_tokens if usage else 0,
             "cached": (details.cached_tokens or 0) if details is not None else 0,
-            "completion": completion,
+            "completion": completion, "called": float(called),
             "tok_s": (completion - 1) / (total - first) if completion > 1 and total > first
             else 0.0}
 
@@ -170,8 +176,9 @@ def main(kinds: list[str], sessions: int) -> None:
                     session = [one_turn(c, m) for m in turns(system)]
                 results[kind].append(session)
                 print(f"{kind:14s} session {s}: " + "; ".join(
-                    f"turn {i + 1} ttft {t['ttft']:.2f} s, {t['tok_s']:.1f} tok/s, prompt "
-                    f"{t['prompt']:.0f} (cached {t['cached']:.0f})"
+                    f"turn {i + 1} ttft {t['ttft']:.2f} s ({'a call' if t['called'] else 'text'}"
+                    f"), {t['tok_s']:.1f} tok/s, prompt {t['prompt']:.0f} (cached "
+                    f"{t['cached']:.0f})"
                     for i, t in enumerate(session)), flush=True)
     finally:
         for server in servers.values():

@@ -104,6 +104,13 @@ def _rows(first: int, texts: list[str], kind: TokenType = CONTROL,
     return tuple((first if first == APPEND else first + i, t, kind) for i, t in enumerate(texts))
 
 
+def _turn_then_tool(first: int, turn: list[str], tool: list[str],
+                    ) -> tuple[tuple[int, str, TokenType], ...]:
+    """A family's turn markers as control rows from ``first``, its tool markers as
+    user-defined rows right after them (GGUFs that keep tool markup out of CONTROL)."""
+    return _rows(first, turn) + _rows(first + len(turn), tool, USER_DEFINED)
+
+
 def ds(name: str) -> str:
     """DeepSeek's marker ``name`` between its fullwidth bars: ``<\uff5cname\uff5c>``."""
     return f"<\uff5c{name}\uff5c>"
@@ -218,20 +225,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("minimax-m2", "qwen2", "minimax-m2",
            ("<minimax:tool_call>", "</minimax:tool_call>", "<think>", "</think>", "]~!b[",
             "]~b]", "[e~["),
-           tokens=_rows(_QWEN_SPARE, _MINIMAX_TURN)
-           + _rows(_QWEN_SPARE + len(_MINIMAX_TURN), _MINIMAX_TOOL, USER_DEFINED),
+           tokens=_turn_then_tool(_QWEN_SPARE, _MINIMAX_TURN, _MINIMAX_TOOL),
            eos="[e~[", eot="[e~[", released=False),
     Family("seed-oss", "qwen2", "seed-oss",
            ("<seed:tool_call>", "</seed:tool_call>", "<seed:think>", "</seed:think>",
             "<seed:bos>", "<seed:eos>"),
-           tokens=_rows(_QWEN_SPARE, _SEED_TURN)
-           + _rows(_QWEN_SPARE + len(_SEED_TURN), _SEED_TOOL, USER_DEFINED),
+           tokens=_turn_then_tool(_QWEN_SPARE, _SEED_TURN, _SEED_TOOL),
            eos="<seed:eos>", eot="<seed:eos>", released=False),
     Family("nemotron-v2", "llama-bpe", "nemotron-nano-v2",
            ("<TOOLCALL>", "</TOOLCALL>", "<think>", "</think>", "<SPECIAL_10>",
             "<SPECIAL_11>", "<SPECIAL_12>"),
-           tokens=_rows(_LLAMA_SPARE, _NEMOTRON_TURN)
-           + _rows(_LLAMA_SPARE + len(_NEMOTRON_TURN), _NEMOTRON_TOOL, USER_DEFINED),
+           tokens=_turn_then_tool(_LLAMA_SPARE, _NEMOTRON_TURN, _NEMOTRON_TOOL),
            eos="<SPECIAL_12>", eot="<SPECIAL_12>", released=False),
     Family("apertus", "llama-bpe", "apertus",
            ("<|tools_prefix|>", "<|tools_suffix|>", "<|assistant_start|>",
@@ -242,8 +246,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("lfm2", "qwen2", "lfm2.5",
            ("<|tool_call_start|>", "<|tool_call_end|>", "<|im_start|>", "<|im_end|>",
             "<think>", "</think>"),
-           tokens=_rows(_QWEN_SPARE, _LFM2)
-           + _rows(_QWEN_SPARE + len(_LFM2), ["<think>", "</think>"], USER_DEFINED),
+           tokens=_turn_then_tool(_QWEN_SPARE, _LFM2, ["<think>", "</think>"]),
            eos="<|im_end|>", released=False),
     Family("granite-3", "starcoder", "granite-3.3",
            ("<|tool_call|>", "<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>"),

@@ -95,6 +95,8 @@ class Ticket:
         self._events: deque[Event] = deque()
         self._cond = threading.Condition()
         self._waker: Callable[[], None] | None = None
+        self._drained = False
+        """The consumer has taken the turn's last event."""
         self.cancelled = False
         self.head_since: float | None = None
         """When the turn reached the head of the queue (its ``seq_wait`` counts from here)."""
@@ -143,55 +145,39 @@ class Ticket:
             self.reply = value
         elif kind == "error":
             raise value
-        return None if kind == "closed" else ""
+        self._drained = kind == "closed"
+        return None if self._drained else ""
 
     def deltas(self) -> Iterator[str]:
         """Text deltas as the loop produces them; ``reply`` is set at the end. Raises the
         turn's error. Leaving early cancels the turn and waits for the loop to let go."""
-        finished = False
         try:
-            while True:
-                with self._cond:
-                    self._cond.wait_for(lambda: bool(self._events))
-                    item = self._events.popleft()
-                if (delta := self._take(item)) is None:
-                    finished = True
-                    return
+            while (delta := self._take(self._next_event())) is not None:
                 if delta:
                     yield delta
         finally:
-            if not finished:
+            if not self._drained:
                 self.cancel()
                 self.wait_closed()
+
+    def _next_event(self) -> Event:
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._events))
+            return self._events.popleft()
 
     async def adeltas(self) -> AsyncGenerator[str, None]:
         """``deltas`` for async code: waits on an event the loop sets (asyncio: no worker
         thread, so nothing is left running when the event loop shuts down) and never
         blocks the event loop. Cancelling the task, or leaving early, cancels the turn."""
         import anyio  # here, not at module level: sync-only processes never import it
-        import anyio.to_thread
 
-        finished = False
         flag = self._async_flag()
         try:
-            while True:
-                if flag is not None:
-                    flag.clear()
-                with self._cond:
-                    item = self._events.popleft() if self._events else None
-                if item is None:
-                    if flag is not None:
-                        await flag.wait()
-                    else:  # another anyio backend: wait in a worker thread
-                        await anyio.to_thread.run_sync(self._wait_event)
-                    continue
-                if (delta := self._take(item)) is None:
-                    finished = True
-                    return
+            while (delta := self._take(await self._anext_event(flag))) is not None:
                 if delta:
                     yield delta
         finally:
-            if not finished:
+            if not self._drained:
                 self.cancel()
                 with anyio.CancelScope(shield=True):
                     while True:
@@ -199,10 +185,26 @@ class Ticket:
                             flag.clear()
                         if self.state == "closed":
                             break
-                        if flag is not None:
-                            await flag.wait()
-                        else:
-                            await anyio.to_thread.run_sync(self._wait_event)
+                        await self._posted(flag)
+
+    async def _anext_event(self, flag: asyncio.Event | None) -> Event:
+        while True:
+            if flag is not None:
+                flag.clear()
+            with self._cond:
+                if self._events:
+                    return self._events.popleft()
+            await self._posted(flag)
+
+    async def _posted(self, flag: asyncio.Event | None) -> None:
+        """Until the loop posts an event (``flag``: set at every post; None under another
+        anyio backend: a worker thread waits)."""
+        if flag is not None:
+            await flag.wait()
+        else:
+            import anyio.to_thread
+
+            await anyio.to_thread.run_sync(self._wait_event)
 
     def _async_flag(self) -> asyncio.Event | None:
         """An asyncio event set at every post (None under another event loop)."""

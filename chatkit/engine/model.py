@@ -256,7 +256,7 @@ class KVCells:
         """A prompt's prefill ended at ``pos`` in ``seq_id``: on a sliding-window model
         without ``swa_full``, save the window there (one per sequence; a later turn that
         repeats the prompt resumes there whatever the reply pushed out). A no-op
-        elsewhere. Costs a copy of the window's cells (milliseconds for small models)."""
+        elsewhere. Costs a copy of the window's cells."""
         if self._windows is not None:
             self._windows.save(seq_id, pos)
 

@@ -445,7 +445,7 @@ class Constraint(GrammarSteps):
 
 def _spare_core(model: Vocabulary) -> bool:
     """Whether the machine has a core the engine's compute threads leave free (cached on the
-    model when it can cache: a protocol isinstance costs tens of microseconds)."""
+    model when it can cache: a protocol isinstance check is slow next to a mask)."""
     cache = getattr(model, "cache", None)
     if not callable(cache):
         return _has_spare_core(model)

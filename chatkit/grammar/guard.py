@@ -13,7 +13,7 @@ tokens and their KV cells). Rollbacks per reply are bounded (``Checks.budget``);
 budget the reply fails with ``ChecksExhausted``, never with an unchecked success.
 
 Cost: nothing when the schema has no checks (no guard). With checks, each committed token
-is scanned (a few microseconds); a mask is filtered only while a checked value is open or
+is scanned (incrementally, no reparse); a mask is filtered only while a checked value is open or
 could start, and only the tokens the grammar allows that contain ``"``, ``,``, ``]`` or
 ``}`` are simulated (plus the stop token).
 """

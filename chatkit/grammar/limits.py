@@ -26,11 +26,11 @@ class GrammarLimits:
     """llguidance's parser and lexer limits (``LLParserLimits``)."""
 
     lexer_fuel: int = 1_000_000
-    """Work building the lexer's regexes before the first mask (~50k a millisecond)."""
+    """Work building the lexer's regexes before the first mask."""
     step_lexer_fuel: int = 200_000
-    """Lexer work per mask (~14k a millisecond)."""
+    """Lexer work per mask."""
     step_items: int = 50_000
-    """Earley items per mask (~20k a millisecond)."""
+    """Earley items per mask."""
     lexer_states: int = 250_000
     """Distinct lexer states (1-2 kB of memory each)."""
     grammar_size: int = 500_000

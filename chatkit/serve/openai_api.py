@@ -17,12 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..decode.sampling import SamplingParams
-from ..errors import (
-    ChatkitError,
-    InvalidParameter,
-    RequestError,
-    ToolDefinitionError,
-)
+from ..errors import ChatkitError, InvalidParameter, RequestError, ToolDefinitionError
 from ..messages import FinishReason, Message, Reply, messages_from_openai
 from ..tools.definition import Tool
 from ..tools.options import TOOL_CHOICES
