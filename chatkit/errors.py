@@ -370,11 +370,13 @@ class Truncated(GenerationError):
 
     exit_code = 32
 
-    def __init__(self, text: str, max_tokens: int, *, usage: Any = None) -> None:
+    def __init__(self, text: str, max_tokens: int, *, usage: object = None) -> None:
         super().__init__(f"cut at max_tokens={max_tokens} before the grammar completed")
         self.text = text
         self.max_tokens = max_tokens
         self.usage = usage
+        """The reply's ``chatkit.Usage`` so far, where the caller had one (typed ``object``:
+        errors sit below messages)."""
         """The cut reply's ``chatkit.Usage`` (None where no decode ran)."""
 
 

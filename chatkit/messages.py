@@ -11,11 +11,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
 
 from .errors import InvalidParameter
 
 __all__ = ["FinishReason", "Message", "Reply", "Role", "TokenLogprob", "ToolCall", "Usage"]
+
+JSON: TypeAlias = Any
+"""A JSON value as ``json.loads`` returns it (an object, list, string, number, bool or
+None): arbitrary by nature, the one kind of ``Any`` the public API carries (DESIGN.md)."""
+JSONObject: TypeAlias = dict[str, JSON]
+"""A JSON object: an OpenAI message or tool call as a dict, a call's arguments, a schema."""
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "constraint_complete", "tool_calls"]
@@ -36,9 +42,9 @@ class ToolCall:
     """Stable id within the conversation, echoed by the tool result."""
     name: str
     """The tool's name."""
-    arguments: dict[str, Any]
+    arguments: JSONObject
     """The validated arguments as plain JSON data."""
-    parsed: Any = None
+    parsed: object = None
     """The arguments as the tool's Pydantic model instance, when it has one."""
 
     def parsed_as(self, cls: type[P]) -> P:
@@ -49,14 +55,14 @@ class ToolCall:
                                    f"{type(self.parsed).__name__}, not {cls.__name__}")
         return self.parsed
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> JSONObject:
         """``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``."""
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name,
                              "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
 
     @classmethod
-    def from_openai(cls, data: Mapping[str, Any]) -> ToolCall:
+    def from_openai(cls, data: Mapping[str, JSON]) -> ToolCall:
         """From the OpenAI shape; ``arguments`` may be JSON text or an object.
         Raises ``InvalidParameter`` on a malformed call."""
         fn = data.get("function", data)
@@ -90,9 +96,9 @@ class Message:
     name: str | None = None
     """For a tool result: the tool's name."""
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> JSONObject:
         """The OpenAI chat message dict (``reasoning`` as ``reasoning_content``)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        out: JSONObject = {"role": self.role, "content": self.content}
         if self.reasoning is not None:
             out["reasoning_content"] = self.reasoning
         if self.tool_calls:
@@ -104,7 +110,7 @@ class Message:
         return out
 
     @classmethod
-    def from_openai(cls, data: Mapping[str, Any]) -> Message:
+    def from_openai(cls, data: Mapping[str, JSON]) -> Message:
         """From an OpenAI chat message dict: content as a string, None, or a list of text
         parts. Raises ``InvalidParameter`` naming what is wrong."""
         if not isinstance(data, Mapping):
@@ -144,12 +150,12 @@ def _content_text(content: Any) -> str:
                            f"{type(content).__name__}")
 
 
-def messages_to_openai(messages: Iterable[Message]) -> list[dict[str, Any]]:
+def messages_to_openai(messages: Iterable[Message]) -> list[JSONObject]:
     """OpenAI-style message dicts (JSON-serialisable)."""
     return [m.to_openai() for m in messages]
 
 
-def messages_from_openai(data: Iterable[Mapping[str, Any] | Message]) -> list[Message]:
+def messages_from_openai(data: Iterable[Mapping[str, JSON] | Message]) -> list[Message]:
     """Messages from OpenAI-style dicts (``Message`` instances pass through)."""
     return [d if isinstance(d, Message) else Message.from_openai(d) for d in data]
 
@@ -220,7 +226,7 @@ class Reply(Generic[T]):
     logprobs: tuple[TokenLogprob, ...] | None = None
     """Per reply token (``logprobs=`` asked for them): its log-probability and the top
     alternatives."""
-    choices: dict[str, Any] | None = None
+    choices: dict[str, JSON] | None = None
     """Per field (JSON pointer) asked for with ``probabilities=``: its
     :class:`~chatkit.grammar.choices.ChoiceProbabilities`."""
     raw: str | None = None

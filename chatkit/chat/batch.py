@@ -31,7 +31,7 @@ from .turn import Turn
 
 __all__ = ["BatchItem", "asend_batch", "send_batch"]
 
-BatchItem = tuple[Conversation, str] | tuple[Conversation, str, Mapping[str, Any]]
+BatchItem = tuple[Conversation, str] | tuple[Conversation, str, Mapping[str, object]]
 """``(conversation, message)`` or ``(conversation, message, per-item options)``; the
 per-item options may include ``schema``."""
 

@@ -15,7 +15,7 @@ import json
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Literal, TypeVar, Unpack, overload
 
 if TYPE_CHECKING:  # pydantic (~90 ms) and anyio are imported where they are used
     from pydantic import BaseModel
@@ -25,7 +25,15 @@ from ..decode.sampling import Sampler, SamplingParams
 from ..engine.protocols import Engine
 from ..errors import ContextOverflow, InvalidParameter
 from ..grammar.constraints import Constraint, SchemaArg
-from ..messages import Message, Reply, ToolCall, messages_from_openai, messages_to_openai
+from ..messages import (
+    JSON,
+    JSONObject,
+    Message,
+    Reply,
+    ToolCall,
+    messages_from_openai,
+    messages_to_openai,
+)
 from ..templates import ChatTemplate
 from ..tools.definition import ToolLike
 from ..tools.execute import ToolResult
@@ -41,8 +49,8 @@ _log = logging.getLogger("chatkit")
 
 M = TypeVar("M", bound="BaseModel")
 T = TypeVar("T")
-OtherSchema = dict[str, Any] | str | bool | Constraint
-"""Schemas whose parsed value is plain JSON data (``Reply[Any]``)."""
+OtherSchema = JSONObject | str | bool | Constraint
+"""Schemas whose parsed value is plain JSON data (``Reply[JSON]``)."""
 
 
 class Conversation:
@@ -61,7 +69,7 @@ class Conversation:
         model: Engine,
         *,
         system: str | None = None,
-        messages: Iterable[Message | Mapping[str, Any]] = (),
+        messages: Iterable[Message | Mapping[str, JSON]] = (),
         no_think: bool = False,
         sampling: SamplingParams | None = None,
         stop: str | Sequence[str] = (),
@@ -110,7 +118,7 @@ class Conversation:
     def _head(self) -> list[Message]:
         return [Message("system", self.system)] if self.system else []
 
-    def to_openai(self) -> list[dict[str, Any]]:
+    def to_openai(self) -> list[JSONObject]:
         """The whole history as OpenAI-style message dicts (JSON-serialisable)."""
         return messages_to_openai(self.history())
 
@@ -118,7 +126,7 @@ class Conversation:
         """The history as JSON text (``Conversation(model, messages=json.loads(text))``)."""
         return json.dumps(self.to_openai(), ensure_ascii=False)
 
-    def add_tool_result(self, call: ToolCall | str, content: Any, *,
+    def add_tool_result(self, call: ToolCall | str, content: JSON, *,
                         name: str | None = None) -> None:
         """Record the result of a tool call (for callers running their own tools); then
         ``resume()`` lets the model continue. ``content`` that is not text is sent as JSON."""
@@ -165,10 +173,10 @@ class Conversation:
 
     @overload
     def send(self, text: str, *, schema: OtherSchema | None = None,
-             **options: Unpack[TurnOptions]) -> Reply[Any]: ...
+             **options: Unpack[TurnOptions]) -> Reply[JSON]: ...
 
     def send(self, text: str, *, schema: SchemaArg = None,
-             **options: Unpack[TurnOptions]) -> Reply[Any]:
+             **options: Unpack[TurnOptions]) -> Reply[JSON]:
         """Add a user message and return the assistant's reply.
 
         ``schema`` is a Pydantic class (``reply.parsed`` is an instance of it), a
@@ -184,9 +192,9 @@ class Conversation:
 
     @overload
     def resume(self, *, schema: OtherSchema | None = None,
-               **options: Unpack[TurnOptions]) -> Reply[Any]: ...
+               **options: Unpack[TurnOptions]) -> Reply[JSON]: ...
 
-    def resume(self, *, schema: SchemaArg = None, **options: Unpack[TurnOptions]) -> Reply[Any]:
+    def resume(self, *, schema: SchemaArg = None, **options: Unpack[TurnOptions]) -> Reply[JSON]:
         """An assistant turn with no new user message: e.g. after ``add_tool_result``."""
         return drive(self.plan(None, schema, **options))
 
@@ -196,10 +204,10 @@ class Conversation:
 
     @overload
     def stream(self, text: str, *, schema: OtherSchema | None = None,
-               **options: Unpack[TurnOptions]) -> ReplyStream[Any]: ...
+               **options: Unpack[TurnOptions]) -> ReplyStream[JSON]: ...
 
     def stream(self, text: str, *, schema: SchemaArg = None,
-               **options: Unpack[TurnOptions]) -> ReplyStream[Any]:
+               **options: Unpack[TurnOptions]) -> ReplyStream[JSON]:
         """Like ``send``, but iterate the returned object for text deltas; its ``reply``
         holds the Reply once the iteration ends."""
         return ReplyStream(self.plan(text, schema, **options))
@@ -210,10 +218,10 @@ class Conversation:
 
     @overload
     def run(self, text: str, *, schema: OtherSchema | None = None,
-            max_steps: int = 8, **options: Unpack[TurnOptions]) -> Reply[Any]: ...
+            max_steps: int = 8, **options: Unpack[TurnOptions]) -> Reply[JSON]: ...
 
     def run(self, text: str, *, schema: SchemaArg = None,
-            max_steps: int = 8, **options: Unpack[TurnOptions]) -> Reply[Any]:
+            max_steps: int = 8, **options: Unpack[TurnOptions]) -> Reply[JSON]:
         """The agent loop: send, execute the called tools, feed the results back, repeat
         until the model answers without a tool call (that Reply is returned).
 
@@ -235,10 +243,10 @@ class Conversation:
 
     @overload
     async def asend(self, text: str, *, schema: OtherSchema | None = None,
-                    **options: Unpack[TurnOptions]) -> Reply[Any]: ...
+                    **options: Unpack[TurnOptions]) -> Reply[JSON]: ...
 
     async def asend(self, text: str, *, schema: SchemaArg = None,
-                    **options: Unpack[TurnOptions]) -> Reply[Any]:
+                    **options: Unpack[TurnOptions]) -> Reply[JSON]:
         """``send`` for async code: planning runs in a worker thread, the steps in the
         model's engine loop (shared with every other turn); the task waits without
         blocking the event loop. A remote engine is awaited over HTTP."""
@@ -250,16 +258,16 @@ class Conversation:
 
     @overload
     async def aresume(self, *, schema: OtherSchema | None = None,
-                      **options: Unpack[TurnOptions]) -> Reply[Any]: ...
+                      **options: Unpack[TurnOptions]) -> Reply[JSON]: ...
 
     async def aresume(self, *, schema: SchemaArg = None,
-                      **options: Unpack[TurnOptions]) -> Reply[Any]:
+                      **options: Unpack[TurnOptions]) -> Reply[JSON]:
         """``resume`` for async code."""
         return await self._asend(None, schema, options)
 
     async def _asend(self, text: str | None, schema: SchemaArg,
-                     options: TurnOptions) -> Reply[Any]:
-        stream: AsyncReplyStream[Any] = AsyncReplyStream(
+                     options: TurnOptions) -> Reply[JSON]:
+        stream: AsyncReplyStream[JSON] = AsyncReplyStream(
             self.model, lambda: self.plan(text, schema, **options))
         async for _ in stream:
             pass
@@ -272,10 +280,10 @@ class Conversation:
 
     @overload
     def astream(self, text: str, *, schema: OtherSchema | None = None,
-                **options: Unpack[TurnOptions]) -> AsyncReplyStream[Any]: ...
+                **options: Unpack[TurnOptions]) -> AsyncReplyStream[JSON]: ...
 
     def astream(self, text: str, *, schema: SchemaArg = None,
-                **options: Unpack[TurnOptions]) -> AsyncReplyStream[Any]:
+                **options: Unpack[TurnOptions]) -> AsyncReplyStream[JSON]:
         """Async text deltas (``async for``); ``reply`` holds the Reply afterwards.
         Cancelling (or leaving the loop) abandons the turn: the messages are unchanged."""
         return AsyncReplyStream(self.model, lambda: self.plan(text, schema, **options))
@@ -287,17 +295,17 @@ class Conversation:
     @overload
     async def arun(self, text: str, *,
                    schema: OtherSchema | None = None, max_steps: int = 8,
-                   **options: Unpack[TurnOptions]) -> Reply[Any]: ...
+                   **options: Unpack[TurnOptions]) -> Reply[JSON]: ...
 
     async def arun(self, text: str, *, schema: SchemaArg = None,
-                   max_steps: int = 8, **options: Unpack[TurnOptions]) -> Reply[Any]:
+                   max_steps: int = 8, **options: Unpack[TurnOptions]) -> Reply[JSON]:
         """``run`` for async code."""
         tools = _agent_tools(options)
         return await arun_agent(self._asend, self._record_results, text, tools,
                                 max_steps=max_steps, schema=schema, options=options)
 
 
-def _intake(system: str | None, messages: Iterable[Message | Mapping[str, Any]]
+def _intake(system: str | None, messages: Iterable[Message | Mapping[str, JSON]]
             ) -> tuple[str | None, list[Message]]:
     """The system prompt and the turns of ``messages`` (a leading system message)."""
     history = messages_from_openai(messages)

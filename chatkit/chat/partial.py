@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from ..messages import JSON
 from ..tools.dialects import HERMES, Dialect
 from ..tools.parser import scan_calls
 
@@ -37,7 +38,7 @@ class FieldEvent:
     kind: Literal["start", "complete"]
     path: str
     """Its JSON pointer (``""`` the whole document; ``/tool_calls/0/arguments/x`` in a call)."""
-    value: Any = None
+    value: JSON = None
     """The final value (``complete`` events only)."""
 
 
@@ -47,7 +48,7 @@ class Partial(Generic[T]):
 
     delta: str
     """The text this step added."""
-    data: Any
+    data: JSON
     """The document so far: complete values, open containers with their complete members
     (a value being written is absent until it completes). None before it opens."""
     events: tuple[FieldEvent, ...] = ()

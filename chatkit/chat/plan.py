@@ -533,7 +533,8 @@ def request_for(plan: TurnPlan, constraint: Constraint | None) -> GenerateReques
         max_tokens=plan.max_tokens, stop_ids=plan.stop_ids,
         temperature=params.temperature, top_p=params.top_p, seed=params.seed,
         messages=list(plan.messages),
-        schema=c.source if c is not None and c.kind == "json_schema" else None,
+        schema=c.source if c is not None and c.kind == "json_schema"
+        and not isinstance(c.source, str) else None,
         grammar_kind=("tools" if plan.tools else "think+schema" if plan.thinking
                       else c.kind if c is not None else None))
 

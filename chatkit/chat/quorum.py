@@ -17,7 +17,7 @@ from ..decode.sampling import SamplingParams
 from ..engine.protocols import Engine
 from ..errors import ChatkitError, InvalidParameter
 from ..grammar.schema import SchemaInput
-from ..messages import Reply
+from ..messages import JSON, Reply
 from .batch import asend_batch, send_batch
 from .conversation import Conversation
 
@@ -28,11 +28,11 @@ __all__ = ["QuorumOptions", "QuorumResult", "aquorum", "quorum"]
 class QuorumResult:
     """The outcome of a quorum: the majority on ``field`` and everything behind it."""
 
-    decision: Any
+    decision: JSON
     """The majority value of ``field``; None when tied or when no lane produced a verdict."""
-    votes: dict[Any, int]
+    votes: dict[JSON, int]
     """How many valid lanes voted for each value."""
-    verdicts: list[Any]
+    verdicts: list[JSON]
     """Each lane's parsed verdict, None for a failed lane (lane order)."""
     failures: dict[int, ChatkitError] = field(default_factory=dict)
     """Failed lanes by index, with their named errors (Truncated, SchemaViolation, ...)."""
@@ -40,9 +40,9 @@ class QuorumResult:
     """True when two or more values share the top vote."""
     dissent: list[int] = field(default_factory=list)
     """Indexes of valid lanes that voted against the majority."""
-    replies: list[Reply[Any] | ChatkitError] = field(default_factory=list)
+    replies: list[Reply[JSON] | ChatkitError] = field(default_factory=list)
     """The raw per-lane results."""
-    probabilities: dict[Any, float] | None = None
+    probabilities: dict[JSON, float] | None = None
     """``method="probability"``: each value's exact probability (``votes`` is then empty)."""
     margin: float | None = None
     """``method="probability"``: the decision's probability minus the runner-up's."""

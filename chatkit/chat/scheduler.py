@@ -104,7 +104,7 @@ class Ticket:
         """Called once the loop has let go of the turn (e.g. to return a KV claim)."""
 
     # ------------------------------------------------------------ loop side
-    def post(self, kind: Literal["delta", "reply", "error", "closed"], value: Any) -> None:
+    def post(self, kind: Literal["delta", "reply", "error", "closed"], value: object) -> None:
         with self._cond:
             self._events.append((kind, value))
             self._cond.notify_all()

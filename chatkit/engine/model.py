@@ -16,7 +16,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -294,15 +294,15 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
 
     vocab: Vocab
 
-    def __init__(self, path: Path, model: Any, ctx: Any, *, n_batch: int,
+    def __init__(self, path: Path, model: int, ctx: int, *, n_batch: int,
                  n_seq_max: int, cache_seqs: int = 0, kv_unified: bool = True,
                  swa_full: bool = False) -> None:
         self.path = path
         self.swa_full = swa_full
         """A sliding-window model's window layers keep every cell (llama.cpp's
         ``swa_full``), so sequences keep their prefixes (:attr:`keeps_prefixes`)."""
-        self._model = model
-        self._ctx = ctx
+        self._model: int | None = model
+        self._ctx: int | None = ctx
         self._hold(Vocab(path, model, owned=False))
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))  # llama.cpp may round up
@@ -432,7 +432,7 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
     def __repr__(self) -> str:
         return f"Model({self.path.name!r}, n_vocab={self.n_vocab}, n_ctx={self.n_ctx})"
 
-    def cache(self, key: Any, build: Callable[[], V]) -> V:
+    def cache(self, key: Hashable, build: Callable[[], V]) -> V:
         """Memoise ``build()`` under ``key`` for the lifetime of this model (unbounded: see
         :meth:`chatkit.engine.vocab.Vocab.cache`)."""
         return self.vocab.cache(key, build)

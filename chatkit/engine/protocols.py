@@ -23,12 +23,17 @@ from __future__ import annotations
 
 import codecs
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
+
+from ..messages import JSONObject, Message
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 __all__ = ["Engine", "GenerateEngine", "GenerateRequest", "GenerateResult", "SeqChunk",
            "StepEngine", "Vocabulary"]
@@ -90,7 +95,7 @@ class Vocabulary(Protocol):
 
     def is_control(self, token: int) -> bool: ...
 
-    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
+    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> LLTokenizer:
         """llguidance's ``LLTokenizer`` for this vocabulary, with ``stop_token`` as its EOS
         (``sliced``: with the slices that speed up ``maxLength`` strings)."""
         ...
@@ -110,7 +115,7 @@ class Vocabulary(Protocol):
         undefined ids cleared."""
         ...
 
-    def cache(self, key: Any, build: Callable[[], V]) -> V:
+    def cache(self, key: Hashable, build: Callable[[], V]) -> V:
         """Memoise ``build()`` under ``key`` for the engine's lifetime (compiled grammars,
         tokenizers)."""
         ...
@@ -177,9 +182,9 @@ class GenerateRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
-    messages: Sequence[Any] = ()
+    messages: Sequence[Message] = ()
     """The turn's messages, for engines that render their own chat template."""
-    schema: Any = None
+    schema: JSONObject | bool | None = None
     """The JSON schema when the grammar is exactly one (for engines that take only that)."""
     grammar_kind: str | None = None
     """What the grammar is: json_schema, regex, lark, tools or think+schema."""

@@ -18,10 +18,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +30,9 @@ from ..errors import DecodeError, ModelLoadError, ModelNotFound
 from . import bare_import, diskcache, lowlevel
 from .llama_log import ensure_backend, forget_lines, last_error
 from .lowlevel import llama_cpp
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 __all__: list[str] = []
 
@@ -265,7 +268,7 @@ class Vocab:
     def name(self) -> str:
         return self.path.name
 
-    def cache(self, key: Any, build: Callable[[], V]) -> V:
+    def cache(self, key: Hashable, build: Callable[[], V]) -> V:
         """Memoise ``build()`` under ``key`` for the lifetime of this vocabulary. Unbounded:
         for keys from a fixed set (tokenizer views per stop token, a dialect's markup, the
         engine loop, the grammar cache); what client input keys (compiled grammars) lives
@@ -359,26 +362,26 @@ class Vocab:
         return self._table
 
     # ------------------------------------------------ llguidance's vocabulary facts
-    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
+    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> LLTokenizer:
         """llguidance's tokenizer over this vocabulary with ``stop_token`` as its EOS (built
         once per vocabulary and stop token; ``Model.load`` builds the end-of-turn one
         alongside the weights when it can). ``sliced``: a copy with ``LLG_SLICES``, made on
         first use (the same masks, faster inside ``maxLength`` strings)."""
         if sliced:
-            def add_slices() -> Any:
+            def add_slices() -> LLTokenizer:
                 started = time.perf_counter()
-                made = self.llg_tokenizer(stop_token).with_slices(LLG_SLICES)
+                made: LLTokenizer = self.llg_tokenizer(stop_token).with_slices(LLG_SLICES)
                 _log.info("llguidance tokenizer slices for %s built in %.2f s (a grammar "
                           "with maxLength)", self.name, time.perf_counter() - started)
                 return made
 
             return self.cache(("llg_tokenizer_sliced", stop_token), add_slices)
 
-        def build() -> Any:
+        def build() -> LLTokenizer:
             llguidance = bare_import.llguidance()
             pieces, attrs = self.table()
             started = time.perf_counter()
-            made = llguidance.LLTokenizer.from_llamacpp(
+            made: LLTokenizer = llguidance.LLTokenizer.from_llamacpp(
                 tokens=llg_tokens(pieces, attrs), vocab_ptr=self.pointer,
                 tokenize_fptr=_llama_tokenize_address(), eos_token=stop_token, slices=[])
             _log.info("llguidance tokenizer for %s built in %.2f s", self.name,

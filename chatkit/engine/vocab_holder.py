@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .protocols import IncrementalDetokenizer, Vocabulary
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 __all__: list[str] = []
 
@@ -57,7 +60,7 @@ class HoldsVocabulary:
         """True for control tokens (``<|im_end|>``, ``<eos>``, ...)."""
         return self.vocab.is_control(token)
 
-    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> Any:
+    def llg_tokenizer(self, stop_token: int, *, sliced: bool = False) -> LLTokenizer:
         """llguidance's tokenizer with ``stop_token`` as its EOS (see ``Vocab``)."""
         return self.vocab.llg_tokenizer(stop_token, sliced=sliced)
 

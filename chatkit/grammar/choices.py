@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from ..engine.protocols import SeqChunk, StepEngine
 from ..errors import InvalidParameter
+from ..messages import JSON
 from .constraints import Constraint
 
 __all__ = ["ChoiceProbabilities"]
@@ -45,9 +46,9 @@ class ChoiceProbabilities:
 
     path: str
     """The field's JSON pointer (``"/verdict"``)."""
-    probabilities: dict[Any, float]
+    probabilities: dict[JSON, float]
     """Each allowed value's probability (a Python value: str, bool, int ...)."""
-    chosen: Any
+    chosen: JSON
     """The value the reply holds."""
     unaccounted: float = 0.0
     """Probability mass on paths pruned below ``PRUNE``: the values' probabilities sum to
@@ -57,7 +58,7 @@ class ChoiceProbabilities:
     temperature: float = 1.0
 
     @property
-    def decision(self) -> Any:
+    def decision(self) -> JSON:
         """The most probable value."""
         return max(self.probabilities, key=lambda v: self.probabilities[v])
 

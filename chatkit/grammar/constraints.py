@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from ..engine import bare_import
 from ..engine.protocols import Vocabulary
 from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
+from ..messages import JSONObject
 from . import slices
 from .guard import Guard, chosen
 from .limits import native_limits
@@ -82,7 +83,7 @@ class GrammarSteps:
     _hidden_stops: bool
     rolls_back: bool
     kind: ConstraintKind
-    source: Any
+    source: str | JSONObject | bool
 
     def _live(self) -> Any:
         """The matcher, after any in-flight mask computation has finished with it."""
@@ -263,7 +264,7 @@ class Constraint(GrammarSteps):
     copy for another stream without recompiling. Not thread-safe.
     """
 
-    def __init__(self, kind: ConstraintKind, grammar: str, *, source: Any,
+    def __init__(self, kind: ConstraintKind, grammar: str, *, source: str | JSONObject | bool,
                  reader: SchemaReader | None = None, stop_token: int | None = None,
                  checks: Checks | None = None) -> None:
         self.kind: ConstraintKind = kind

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..engine import bare_import
+
+if TYPE_CHECKING:
+    from llguidance import LLParserLimits
 
 __all__ = ["GrammarLimits", "grammar_limits", "set_grammar_limits"]
 
@@ -38,14 +41,15 @@ class GrammarLimits:
     row_items: int = 2_000
     """Items in one row of the parser (branching)."""
 
-    def native(self) -> Any:
+    def native(self) -> LLParserLimits:
         """The ``llguidance.LLParserLimits`` of these numbers."""
         llguidance = bare_import.llguidance()
-        return llguidance.LLParserLimits(
+        made: LLParserLimits = llguidance.LLParserLimits(
             max_items_in_row=self.row_items, initial_lexer_fuel=self.lexer_fuel,
             step_lexer_fuel=self.step_lexer_fuel, step_max_items=self.step_items,
             max_lexer_states=self.lexer_states, max_grammar_size=self.grammar_size,
             verbose_errors=False)  # no parser state in messages a client reads
+        return made
 
     @classmethod
     def parse(cls, settings: list[str]) -> GrammarLimits:
@@ -70,7 +74,7 @@ class GrammarLimits:
 
 
 _current = GrammarLimits()
-_native: Any = None
+_native: LLParserLimits | None = None
 
 
 def grammar_limits() -> GrammarLimits:
@@ -85,7 +89,7 @@ def set_grammar_limits(new: GrammarLimits) -> None:
     _current, _native = new, None
 
 
-def native_limits() -> Any:
+def native_limits() -> LLParserLimits:
     """The current limits as ``llguidance.LLParserLimits`` (built once per setting)."""
     global _native
     if _native is None:

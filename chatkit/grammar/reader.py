@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (co
     from pydantic import BaseModel
 
 from ..errors import SchemaViolation
+from ..messages import JSON, JSONObject
 from .meta_schema import load_jsonschema
 from .schema_walk import pointer
 
@@ -28,13 +29,13 @@ class SchemaReader:
     Thread-safe; the jsonschema validator is built on first use.
     """
 
-    def __init__(self, schema: dict[str, Any] | bool, model_cls: type[BaseModel] | None = None):
+    def __init__(self, schema: JSONObject | bool, model_cls: type[BaseModel] | None = None):
         self.schema = schema
         self.model_cls = model_cls
         self._validator: Any = None  # built on first use (most constraints are compiled once
         # per process and read many times, some never read)
 
-    def read(self, text: str) -> Any:
+    def read(self, text: str) -> JSON:
         try:
             value = json.loads(text)
         except (ValueError, RecursionError) as exc:  # incl. integers past Python's digit limit

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (co
 
 from ..engine import bare_import
 from ..errors import SchemaInvalid, SchemaUnsupported
+from ..messages import JSONObject
 from .limits import native_limits
 from .meta_schema import check_meta
 from .reader import SchemaReader as SchemaReader
@@ -51,7 +52,7 @@ from .schema_walk import subschemas as subschemas
 
 __all__ = ["SchemaInput", "SchemaReader"]
 
-SchemaInput = dict[str, Any] | bool | str | type["BaseModel"]
+SchemaInput = JSONObject | bool | str | type["BaseModel"]
 Whitespace = Literal["compact", "spaced"]
 
 _SEPARATORS: dict[str, tuple[str, str]] = {"compact": (",", ":"), "spaced": (", ", ": ")}

@@ -37,7 +37,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -117,7 +117,7 @@ class RemoteEngine(HoldsVocabulary):
     def close(self) -> None:
         self._client.close()
 
-    def cache(self, key: Any, build: Callable[[], V]) -> V:
+    def cache(self, key: Hashable, build: Callable[[], V]) -> V:
         """Memoise ``build()`` for this engine's lifetime, in its vocabulary's cache."""
         return self.vocab.cache(("remote", key), build)
 

@@ -21,7 +21,7 @@ import jinja2.nodes
 import jinja2.sandbox
 
 from ..errors import TemplateError
-from ..messages import Message
+from ..messages import JSON, JSONObject, Message
 from .sandbox import RENDER_CHARS as RENDER_CHARS
 from .sandbox import RENDER_SECONDS as RENDER_SECONDS
 from .sandbox import GenerationTag, OverBudget, deadline, environment, template_code
@@ -268,7 +268,7 @@ class ChatTemplate:
         messages: list[Message],
         *,
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[JSONObject] | None = None,
         enable_thinking: bool | None = None,
         bos_token: str = "",
         eos_token: str = "",
@@ -311,7 +311,7 @@ class ChatTemplate:
             n.name for n in nodes if n.ctx != "load"}
         return frozenset(loads & {"functions", "datetime"})
 
-    def render_context(self, variables: Mapping[str, Any], *, special: Collection[str] = (),
+    def render_context(self, variables: Mapping[str, JSON], *, special: Collection[str] = (),
                        now: datetime | None = None) -> list[Segment]:
         """Render template variables (``messages`` as OpenAI-style dicts, ``tools``,
         ``add_generation_prompt``, ``bos_token``, ...) exactly as transformers'

@@ -13,13 +13,23 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, get_type_hints, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Protocol,
+    TypeAlias,
+    cast,
+    get_type_hints,
+    overload,
+    runtime_checkable,
+)
 
 if TYPE_CHECKING:  # pydantic (~90 ms) is imported where tools are made or validated
     from pydantic import BaseModel
 
 from ..errors import ChatkitError, SchemaViolation, ToolArgumentsInvalid, ToolDefinitionError
 from ..grammar.schema import SchemaReader, closed_objects, compile_json_schema, load_schema
+from ..messages import JSON, JSONObject
 
 __all__ = ["ModelRetry", "Tool", "ToolDefinition", "ToolLike", "Toolset", "tool"]
 
@@ -30,6 +40,10 @@ class ModelRetry(Exception):
     """Raised by a tool to ask the model for a corrected call; the message is shown to it."""
 
 
+ToolTarget: TypeAlias = "Callable[..., object] | type[BaseModel] | Tool"
+"""What ``@tool`` makes a tool of: a typed function, a Pydantic model class, or a Tool."""
+
+
 @dataclass(frozen=True)
 class ToolDefinition:
     """What the model is told about a tool."""
@@ -38,10 +52,10 @@ class ToolDefinition:
     """The name the model calls it by."""
     description: str
     """What it does (the docstring's first paragraph)."""
-    parameters_schema: dict[str, Any]
+    parameters_schema: JSONObject
     """JSON Schema of the arguments object."""
 
-    def for_template(self) -> dict[str, Any]:
+    def for_template(self) -> JSONObject:
         """The OpenAI/Hermes shape templates expect in their ``tools`` variable."""
         return {"type": "function", "function": {"name": self.name,
                                                  "description": self.description,
@@ -52,7 +66,7 @@ class Tool:
     """A callable tool: definition, argument validator and the function (if any)."""
 
     def __init__(self, definition: ToolDefinition, args_model: type[BaseModel] | None,
-                 function: Callable[..., Any] | None, *, timeout: float | None = None,
+                 function: Callable[..., object] | None, *, timeout: float | None = None,
                  unpack: bool = True) -> None:
         self.definition = definition
         self.args_model = args_model
@@ -63,8 +77,8 @@ class Tool:
             definition.parameters_schema)
 
     @classmethod
-    def from_schema(cls, name: str, parameters: dict[str, Any], description: str = "",
-                    function: Callable[..., Any] | None = None) -> Tool:
+    def from_schema(cls, name: str, parameters: JSONObject, description: str = "",
+                    function: Callable[..., object] | None = None) -> Tool:
         """A tool from a JSON-schema arguments object (e.g. an OpenAI-style definition).
 
         Objects without an ``additionalProperties`` decision are closed (as OpenAI's
@@ -84,7 +98,7 @@ class Tool:
     def is_async(self) -> bool:
         return self.function is not None and inspect.iscoroutinefunction(self.function)
 
-    def validate(self, arguments: Any) -> Any:
+    def validate(self, arguments: JSON) -> object:
         """The arguments as the args model instance (a dict for schema tools);
         ``ToolArgumentsInvalid`` otherwise."""
         if self._reader is not None:
@@ -101,7 +115,7 @@ class Tool:
             errors = [f"{'/'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
             raise ToolArgumentsInvalid(self.name, arguments, errors) from exc
 
-    def bind_call(self, parsed: Any) -> Callable[[], Any]:
+    def bind_call(self, parsed: object) -> Callable[[], object]:
         """A zero-argument callable that runs the tool with validated arguments."""
         fn = self.function
         if fn is None:
@@ -109,7 +123,8 @@ class Tool:
         if isinstance(parsed, dict):
             return lambda: fn(**parsed)
         if self._unpack:
-            kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+            fields = cast("type[BaseModel]", type(parsed)).model_fields
+            kwargs = {name: getattr(parsed, name) for name in fields}
             return lambda: fn(**kwargs)
         return lambda: fn(parsed)
 
@@ -117,13 +132,23 @@ class Tool:
         return f"Tool({self.name!r})"
 
 
+@overload
+def tool(target: ToolTarget, *, name: str | None = None, description: str | None = None,
+         timeout: float | None = None) -> Tool: ...
+
+
+@overload
+def tool(target: None = None, *, name: str | None = None, description: str | None = None,
+         timeout: float | None = None) -> Callable[[ToolTarget], Tool]: ...
+
+
 def tool(
-    target: Any = None,
+    target: ToolTarget | None = None,
     *,
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
-) -> Any:
+) -> Tool | Callable[[ToolTarget], Tool]:
     """Make a tool from a typed function (sync or async) or a Pydantic model class.
 
     Usable bare (``@tool``) or with options (``@tool(name=..., timeout=...)``).
@@ -132,7 +157,7 @@ def tool(
     for argument schemas chatkit cannot enforce.
     """
 
-    def make(obj: Any) -> Tool:
+    def make(obj: ToolTarget) -> Tool:
         from pydantic import BaseModel
 
         if isinstance(obj, Tool):
@@ -216,7 +241,7 @@ class Toolset(Protocol):
         ...
 
 
-ToolLike: TypeAlias = "Tool | Toolset | Callable[..., Any] | type[BaseModel]"
+ToolLike: TypeAlias = "Tool | Toolset | Callable[..., object] | type[BaseModel]"
 """What ``tools=`` takes: a ``Tool``, a typed function (sync or async), a Pydantic model
 class (schema only), or a :class:`Toolset`."""
 
@@ -224,7 +249,7 @@ class (schema only), or a :class:`Toolset`."""
 def check_tools(tools: Sequence[ToolLike]) -> list[Tool]:
     """Normalise a tools list (functions, model classes, Tools, toolsets expanded); refuse
     duplicate names and an empty list (``ToolDefinitionError``)."""
-    made = [tool(t) for item in tools
+    made = [tool(cast("ToolTarget", t)) for item in tools
             for t in (item.tools() if _is_toolset(item) else [item])]  # type: ignore[union-attr]
     seen: set[str] = set()
     for t in made:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ToolServerError
 from ..messages import ToolCall
@@ -64,7 +64,7 @@ async def execute_calls(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> lis
             fn = t.bind_call(call.parsed)
             with anyio.fail_after(t.timeout) if t.timeout else nullcontext():
                 if t.is_async:
-                    value = await fn()
+                    value = await cast("Awaitable[object]", fn())
                 else:
                     value = await anyio.to_thread.run_sync(fn)
             results[i] = ToolResult(call, _render(value), False, started, time.perf_counter())

@@ -35,15 +35,25 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 
 from ..errors import InvalidParameter, MCPToolError, SchemaViolation, ToolServerError
 from ..grammar.schema import SchemaReader
+from ..messages import JSON
 from .definition import Tool
 
 __all__ = ["MCPToolset"]
 
 _log = logging.getLogger("chatkit")
+
+
+class MCPOptions(TypedDict, total=False):
+    """``MCPToolset``'s options, as ``stdio`` and ``http`` pass them on."""
+
+    timeout: float | None
+    connect_timeout: float
+    prefix: str
+    exclude: Sequence[str]
 T = TypeVar("T")
 
 _TEXT_KINDS = {"text"}
@@ -70,7 +80,7 @@ class MCPToolset:
     for bad arguments or a missing ``mcp`` package.
     """
 
-    def __init__(self, target: Any, *, name: str, timeout: float | None = 60.0,
+    def __init__(self, target: object, *, name: str, timeout: float | None = 60.0,
                  connect_timeout: float = 30.0, prefix: str = "",
                  exclude: Sequence[str] = (), stderr: TextIO | None = None) -> None:
         for label, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
@@ -93,7 +103,7 @@ class MCPToolset:
     @classmethod
     def stdio(cls, command: str | Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | os.PathLike[str] | None = None, stderr: TextIO | None = None,
-              **options: Any) -> MCPToolset:
+              **options: Unpack[MCPOptions]) -> MCPToolset:
         """A server chatkit starts as a subprocess and talks to over stdin/stdout.
 
         ``command`` is a shell-like string (split with ``shlex``) or an argument list;
@@ -109,7 +119,7 @@ class MCPToolset:
         return cls(params, name=" ".join(argv), stderr=stderr, **options)
 
     @classmethod
-    def http(cls, url: str, **options: Any) -> MCPToolset:
+    def http(cls, url: str, **options: Unpack[MCPOptions]) -> MCPToolset:
         """A server reached over streamable HTTP at ``url`` (e.g. ``http://host:8000/mcp``)."""
         _import_mcp()
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -198,7 +208,7 @@ class MCPToolset:
         made.timeout = self.timeout
         return made
 
-    async def acall(self, name: str, arguments: Mapping[str, Any], *,
+    async def acall(self, name: str, arguments: Mapping[str, JSON], *,
                     _reader: SchemaReader | None = None) -> str:
         """Call the server's tool ``name`` (its own name, without ``prefix``) and return
         what the model would see. Raises ``MCPToolError`` (an ``isError`` result, content
@@ -214,7 +224,7 @@ class MCPToolset:
                 future.cancel()  # a timeout or a cancelled loop: the request is dropped
         return self._content(name, result, _reader)
 
-    def call(self, name: str, arguments: Mapping[str, Any]) -> str:
+    def call(self, name: str, arguments: Mapping[str, JSON]) -> str:
         """:meth:`acall` for sync code (waits up to ``timeout``: ``TimeoutError``)."""
         reader = None
         for spec in self._list():
