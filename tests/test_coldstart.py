@@ -19,7 +19,7 @@ import pytest
 import chatkit.engine.llama_log as llama_log
 import chatkit.engine.vocab as cv
 from chatkit import Conversation, Model, ModelLoadError
-from chatkit.engine.llg_prebuild import TokenizerPrebuild
+from chatkit.engine.coldstart.llg_prebuild import TokenizerPrebuild
 from chatkit.engine.lowlevel import llama_cpp
 from chatkit.engine.model import default_model_path
 
@@ -267,7 +267,7 @@ def test_a_constrained_turn_skips_llguidance_package_init(cache: Path) -> None:
     tokenizer during the load); a later ``import llguidance`` gets the same classes."""
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "from chatkit import Conversation, Model\n"
-            "from chatkit.engine import bare_import\n"
+            "from chatkit.engine.coldstart import bare_import\n"
             "model = Model.load(None, n_ctx=256, n_seq_max=1)\n"
             "reply = Conversation(model).send('Yes or no?', schema={'type': 'boolean'}, "
             "max_tokens=8)\n"

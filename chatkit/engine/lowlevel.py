@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import bare_import
+from .coldstart import bare_import
 
 __all__: list[str] = []
 

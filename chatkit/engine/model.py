@@ -26,10 +26,10 @@ from numpy.typing import NDArray
 
 from ..errors import DecodeError, InvalidParameter, ModelLoadError
 from .backends import SPLIT_MODES, BuildInfo, Placement, plan_placement
+from .coldstart.llg_prebuild import TokenizerPrebuild
 from .compute import run_on_compute
 from .kvseqs import LeasesSequences, SeqLeases, WindowCheckpoints
 from .llama_log import build_info, forget_lines, last_error
-from .llg_prebuild import TokenizerPrebuild
 from .lowlevel import llama_cpp
 from .protocols import SAFE_PREFILL_CHUNK, SeqChunk
 from .vocab import LLG_SLICES as LLG_SLICES

@@ -27,7 +27,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import DecodeError, ModelLoadError, ModelNotFound
-from . import bare_import, diskcache, lowlevel
+from . import lowlevel
+from .coldstart import bare_import, diskcache
 from .llama_log import ensure_backend, forget_lines, last_error
 from .lowlevel import llama_cpp
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from ..engine import bare_import
+from ..engine.coldstart import bare_import
 from ..engine.protocols import Vocabulary
 from ..errors import ConstraintError, GrammarInvalid, InvalidParameter, SchemaInvalid
 from ..messages import JSONObject

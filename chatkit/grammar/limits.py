@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..engine import bare_import
+from ..engine.coldstart import bare_import
 
 if TYPE_CHECKING:
     from llguidance import LLParserLimits

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
 if TYPE_CHECKING:  # pydantic is imported by whoever passes a Pydantic class (cold start)
     from pydantic import BaseModel
 
-from ..engine import bare_import
+from ..engine.coldstart import bare_import
 from ..errors import SchemaInvalid, SchemaUnsupported
 from ..messages import JSONObject
 from .limits import native_limits

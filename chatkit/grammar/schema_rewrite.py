@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any
 
-from ..engine import bare_import
+from ..engine.coldstart import bare_import
 from .regex_sets import without_lookarounds
 from .schema_walk import local_ref, walk
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..engine import bare_import
+from ..engine.coldstart import bare_import
 from ..engine.protocols import Vocabulary
 from .limits import native_limits
 

@@ -22,7 +22,7 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.sandbox
 
-from ..engine import diskcache
+from ..engine.coldstart import diskcache
 from ..errors import TemplateError
 
 __all__: list[str] = []

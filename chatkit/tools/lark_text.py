@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..engine import bare_import
+from ..engine.coldstart import bare_import
 from ..engine.protocols import Vocabulary
 from ..grammar.regex_sets import without_lookarounds
 

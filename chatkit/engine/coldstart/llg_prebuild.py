@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..llama_log import llama_log, muted, quiet_sink
+from ..lowlevel import llama_cpp
+from ..vocab import VocabTable, llama_tokenize, llg_tokens, vocab_cache_load, vocab_cache_path
 from . import bare_import
-from .llama_log import llama_log, muted, quiet_sink
-from .lowlevel import llama_cpp
-from .vocab import VocabTable, llama_tokenize, llg_tokens, vocab_cache_load, vocab_cache_path
 
 __all__: list[str] = []
 
