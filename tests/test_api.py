@@ -351,6 +351,21 @@ def test_the_any_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "ToolCall:parsed" in _public_any()
 
 
+def test_no_two_classes_share_a_name() -> None:
+    """A class name says one thing across the package (two ``Dialect`` classes, or two
+    builder protocols called ``Rules``, read as one to a newcomer)."""
+    seen: dict[str, str] = {}
+    twice = []
+    for path in _files():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                rel = str(path.relative_to(PACKAGE))
+                if node.name in seen:
+                    twice.append(f"{node.name}: {seen[node.name]}, {rel}")
+                seen.setdefault(node.name, rel)
+    assert twice == []
+
+
 def _nodes(predicate: Any) -> list[str]:
     found = []
     for path in _files():

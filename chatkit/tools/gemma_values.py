@@ -13,25 +13,15 @@ items. A schema keyword this encoding cannot enforce is refused by name
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import SchemaUnsupported
-from .dialects import Dialect, gemma_order, gemma_value
+from .dialects import gemma_order, gemma_value
 from .lark_text import resolves_to_string, text_markup
+from .py_values import RuleBuilder
 
 __all__: list[str] = []
 
-
-class Rules(Protocol):
-    """What these rules are made with: the tool-grammar builder (``grammar._Builder``)."""
-
-    dialect: Dialect
-
-    def add(self, name: str, body: str) -> str: ...
-    def lit(self, text: str) -> str: ...
-    def json_value(self, name: str, schema: dict[str, Any]) -> str: ...
-    def raw_value(self, close: str, schema: dict[str, Any]) -> str: ...
-    def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str: ...
 
 REFUSED = ("uniqueItems", "contains", "prefixItems", "oneOf", "allOf", "not", "if",
            "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
@@ -39,7 +29,7 @@ REFUSED = ("uniqueItems", "contains", "prefixItems", "oneOf", "allOf", "not", "i
 """Keywords a Gemma 4 value's grammar cannot enforce (``SchemaUnsupported``)."""
 
 
-def gemma_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def gemma_params(b: RuleBuilder, name: str, schema: dict[str, Any], defs: dict[str, Any],
                  path: str) -> str:
     """An object's ``key:value`` pairs in sorted key order, optional ones maybe ("" for
     none). Raises ``SchemaUnsupported`` for undeclared keys (``additionalProperties``) and
@@ -58,7 +48,7 @@ def gemma_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, An
     return b.py_params(name, items)
 
 
-def value_rule(b: Rules, name: str, schema: Any, defs: dict[str, Any], path: str) -> str:
+def value_rule(b: RuleBuilder, name: str, schema: Any, defs: dict[str, Any], path: str) -> str:
     """One value under ``schema`` (its ``$ref`` resolved in ``defs``)."""
     schema = resolved(schema, defs, path)
     if resolves_to_string(schema):
@@ -103,7 +93,7 @@ def resolved(schema: Any, defs: dict[str, Any], path: str, who: str = "gemma-4"
     return schema
 
 
-def _literal(b: Rules, value: Any) -> str:
+def _literal(b: RuleBuilder, value: Any) -> str:
     """A const/enum member as written (a string between quote markers, as tokens where
     the markers are)."""
     q = b.lit(b.dialect.args.quote)
@@ -112,7 +102,7 @@ def _literal(b: Rules, value: Any) -> str:
     return text_markup(gemma_value(value, b.dialect.args.quote))
 
 
-def _string(b: Rules, name: str, schema: dict[str, Any]) -> str:
+def _string(b: RuleBuilder, name: str, schema: dict[str, Any]) -> str:
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if values:
         return b.add(name, " | ".join(_literal(b, v) for v in values))
@@ -120,7 +110,7 @@ def _string(b: Rules, name: str, schema: dict[str, Any]) -> str:
     return f"{b.lit(quote)} " + b.raw_value(quote, schema)
 
 
-def _union(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def _union(b: RuleBuilder, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     """``type: [...]`` or ``anyOf``: any member's value."""
     return b.add(name, " | ".join(
@@ -137,7 +127,7 @@ def union_members(schema: dict[str, Any]) -> list[Any]:
     return [{**rest, **o} if isinstance(o, dict) else o for o in schema["anyOf"]]
 
 
-def _array(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def _array(b: RuleBuilder, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     if not isinstance(schema.get("items"), dict):
         raise SchemaUnsupported("items", path, "gemma-4 arrays need an items schema")

@@ -18,8 +18,9 @@ ANNOTATIONS = frozenset({"description", "title", "examples", "$comment"})
 """Schema keywords that say nothing about which values are valid."""
 
 
-class Rules(Protocol):
-    """What these rules are made with: the tool-grammar builder (``grammar._Builder``)."""
+class RuleBuilder(Protocol):
+    """What value rules are made with (here, in ``gemma_values`` and ``tree_values``): the
+    tool-grammar builder (``grammar._Builder``)."""
 
     dialect: Dialect
     rules: list[str]
@@ -27,9 +28,11 @@ class Rules(Protocol):
     def add(self, name: str, body: str) -> str: ...
     def lit(self, text: str) -> str: ...
     def json_value(self, name: str, schema: dict[str, Any]) -> str: ...
+    def raw_value(self, close: str, schema: dict[str, Any]) -> str: ...
+    def py_params(self, name: str, items: list[tuple[str, str, bool]]) -> str: ...
 
 
-def py_params(b: Rules, name: str, items: list[tuple[str, str, bool]]) -> str:
+def py_params(b: RuleBuilder, name: str, items: list[tuple[str, str, bool]]) -> str:
     """``k=v`` joined by the separator: required ones always, optional ones maybe, no
     separator before the first one written. ``r_i``: items i.. after something was
     written; ``f_i``: items i.. with nothing written yet (linear in size)."""
@@ -49,7 +52,7 @@ def py_params(b: Rules, name: str, items: list[tuple[str, str, bool]]) -> str:
     return f"{name}_f0" if n else ""
 
 
-def py_value(b: Rules, name: str, schema: Any) -> str:
+def py_value(b: RuleBuilder, name: str, schema: Any) -> str:
     quote = b.dialect.args.quote
     if resolves_to_string(schema):
         values = schema.get("enum", [schema["const"]] if "const" in schema else None)

@@ -20,15 +20,16 @@ import json
 from typing import Any
 
 from ..errors import SchemaUnsupported
-from .gemma_values import Rules, resolved, union_members
+from .gemma_values import resolved, union_members
 from .lark_text import resolves_to_string, text_markup
+from .py_values import RuleBuilder
 
 __all__: list[str] = []
 
 _WHO = "minimax-m3"
 
 
-def tree_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def tree_params(b: RuleBuilder, name: str, schema: dict[str, Any], defs: dict[str, Any],
                 path: str) -> str:
     """An object's elements in its properties' order, optional ones maybe ("" for none)."""
     props: dict[str, Any] = schema.get("properties", {})
@@ -52,7 +53,7 @@ def tree_params(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any
     return b.add(name, " ".join(parts)) if parts else ""
 
 
-def value_rule(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def value_rule(b: RuleBuilder, name: str, schema: dict[str, Any], defs: dict[str, Any],
                path: str) -> str:
     """One value and the marker after it (where its element's closing tag begins)."""
     mark = b.lit(b.dialect.args.value_close)
@@ -83,7 +84,7 @@ def value_rule(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any]
     raise SchemaUnsupported("type", path, f"minimax-m3 arguments cannot write {kind!r}")
 
 
-def _open(b: Rules, key: str) -> str:
+def _open(b: RuleBuilder, key: str) -> str:
     """An element's opening: the marker, then ``<key>`` (two lexemes)."""
     a = b.dialect.args
     tag = a.key_open[len(a.value_close):] + key + a.key_close
@@ -94,7 +95,7 @@ def _literal(value: Any) -> str:
     return text_markup("true" if value is True else "false" if value is False else str(value))
 
 
-def _union(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def _union(b: RuleBuilder, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     """``type: [...]`` or ``anyOf`` of scalars: any member's value (null left out)."""
     members = [resolved(m, defs, path, _WHO) for m in union_members(schema)]
@@ -109,7 +110,7 @@ def _union(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
                                           else [])) or '""')
 
 
-def _array(b: Rules, name: str, schema: dict[str, Any], defs: dict[str, Any],
+def _array(b: RuleBuilder, name: str, schema: dict[str, Any], defs: dict[str, Any],
            path: str) -> str:
     if not isinstance(schema.get("items"), dict):
         raise SchemaUnsupported("items", path, "minimax-m3 lists need an items schema")
