@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import asyncio
 
 from ..engine.compute import activate
-from ..engine.protocols import SAFE_PREFILL_CHUNK, SeqChunk, StepEngine
+from ..engine.protocols import SAFE_PREFILL_CHUNK, KVSequences, SeqChunk, StepEngine
 from ..errors import ChatkitError, EngineBusy
 from ..messages import Reply
 from .plan import MIN_SHARED_PREFIX, common_prefix
@@ -513,7 +513,7 @@ def _prefill_rows(live: list[Ticket], budget: int, chunks: list[SeqChunk],
 
 
 # ------------------------------------------------- prompt prefixes shared
-def _find_share(engine: StepEngine, live: list[Ticket], stats: LoopStats, t: Ticket) -> None:
+def _find_share(engine: KVSequences, live: list[Ticket], stats: LoopStats, t: Ticket) -> None:
     """A prompt prefix (``MIN_SHARED_PREFIX`` tokens past its own reuse at least) that a
     running turn's sequence holds, or will once its prefill gets there, is copied into ``t``'s
     sequence (``seq_cp``, one KV pool) instead of evaluated: concurrent requests with one
@@ -534,7 +534,7 @@ def _find_share(engine: StepEngine, live: list[Ticket], stats: LoopStats, t: Tic
         t.state, t.lead, t.share = "share", best, n
 
 
-def _resolve_shares(engine: StepEngine, live: list[Ticket], stats: LoopStats) -> None:
+def _resolve_shares(engine: KVSequences, live: list[Ticket], stats: LoopStats) -> None:
     """Turns waiting for a prefix: copied once their lead holds it; back to their own
     prefill when the lead is gone."""
     for t in live:
@@ -548,7 +548,7 @@ def _resolve_shares(engine: StepEngine, live: list[Ticket], stats: LoopStats) ->
         t.state, t.lead = "prefill", None
 
 
-def _copy(engine: StepEngine, stats: LoopStats, t: Ticket, source: Ticket, n: int) -> None:
+def _copy(engine: KVSequences, stats: LoopStats, t: Ticket, source: Ticket, n: int) -> None:
     start = t.turn.reuse  # its own cells hold [0, start): the source's [start, n) join them
     resumable = getattr(engine, "resumable", None)
     if resumable is not None and resumable(source.turn.seq_id, n) < n:

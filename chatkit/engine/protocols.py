@@ -122,16 +122,12 @@ class Vocabulary(Protocol):
 
 
 @runtime_checkable
-class StepEngine(Vocabulary, Protocol):
-    """An engine the in-process decode loop drives one forward pass at a time."""
+class Forward(Protocol):
+    """Forward passes over KV sequences: what a decoder and the engine loop step with."""
 
     n_seq_max: int
     n_batch: int
     n_threads: int
-    kv_unified: bool
-    """One KV pool shared by every sequence (prefix copies with seq_cp work)."""
-    seq_wait: float
-    """Seconds a turn waits for a free KV sequence before giving up by name."""
     """Threads the engine computes with (a mask prefetch thread only helps with a spare core)."""
     lock: threading.RLock
     """Held across a decode and the reading of its rows."""
@@ -145,9 +141,25 @@ class StepEngine(Vocabulary, Protocol):
         """Evaluate a prompt suffix in chunks; the last row (a copy)."""
         ...
 
+
+@runtime_checkable
+class KVSequences(Protocol):
+    """What a KV sequence holds, edited: cut back, or a prefix copied from another."""
+
+    kv_unified: bool
+    """One KV pool shared by every sequence (prefix copies with seq_cp work)."""
+
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None: ...
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
+
+
+@runtime_checkable
+class SequenceLeases(Protocol):
+    """Which owner holds which KV sequence: leased for a turn, kept for the owner's next."""
+
+    seq_wait: float
+    """Seconds a turn waits for a free KV sequence before giving up by name."""
 
     def acquire_seq(self, owner: int, preferred: int | None = None, *,
                     wait: float | None = None) -> tuple[int, bool]:
@@ -168,6 +180,13 @@ class StepEngine(Vocabulary, Protocol):
     def release_seq_owner(self, owner: int) -> None: ...
 
     def free_seqs(self) -> int: ...
+
+
+@runtime_checkable
+class StepEngine(Vocabulary, Forward, KVSequences, SequenceLeases, Protocol):
+    """An engine the in-process decode loop drives one forward pass at a time: the
+    vocabulary, forward passes, sequence edits and leases together (a caller that needs
+    one of them takes that protocol)."""
 
 
 @dataclass(frozen=True)

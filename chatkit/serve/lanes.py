@@ -24,7 +24,7 @@ from ..chat.scheduler import EngineLoop, Ticket
 from ..chat.turn import KVState, Turn
 from ..decode.sampling import Sampler
 from ..engine.concurrency import run_blocking
-from ..engine.protocols import StepEngine
+from ..engine.protocols import SequenceLeases, StepEngine
 from ..errors import ContextOverflow, EngineBusy, RequestError, Truncated
 from ..grammar.constraints import Constraint
 from ..messages import Reply
@@ -100,7 +100,7 @@ class KVPool:
     FIRST_OWNER = -(1 << 40)
     """Owner ids count down from here (conversations and scratch leases use others)."""
 
-    def __init__(self, model: StepEngine) -> None:
+    def __init__(self, model: SequenceLeases) -> None:
         self.model = model
         self._ids = itertools.count()
 

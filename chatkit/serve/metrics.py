@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from ..chat.scheduler import EngineLoop
-    from ..engine.protocols import StepEngine
+    from ..engine.protocols import Forward, StepEngine
     from .lanes import Lane
 
 __all__: list[str] = []
@@ -174,7 +174,7 @@ def metrics_endpoint(metrics: Metrics | None) -> Callable[[Request], Any]:
     return metrics.endpoint if metrics is not None else missing
 
 
-def _cells_used(model: StepEngine) -> Callable[[], float]:
+def _cells_used(model: Forward) -> Callable[[], float]:
     pos_max = getattr(model, "seq_pos_max", None)
     n = int(getattr(model, "n_seq_ids", model.n_seq_max))
 
