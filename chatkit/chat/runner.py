@@ -21,7 +21,7 @@ from ..errors import AllTokensMasked, ChatkitError, ConstraintError, SchemaViola
 from ..messages import Reply
 from .partial import Partial, PartialReader
 from .scheduler import engine_loop
-from .turn import Turn
+from .turn import Turn, TurnView
 
 __all__ = ["AsyncReplyStream", "ReplyStream"]
 
@@ -116,7 +116,7 @@ class ReplyStream(Generic[T]):
             turn.release()
 
 
-def _reader(turn: Turn) -> PartialReader[Any]:
+def _reader(turn: TurnView) -> PartialReader[Any]:
     return PartialReader(model=turn.schema_model, tools=turn.has_tools,
                          thinking=turn.thinking, dialect=turn.dialect,
                          tool_list=turn.tools)

@@ -49,7 +49,9 @@ class KVState:
 
 
 class TurnView:
-    """A turn's plan and progress as its drivers read them (:class:`Turn` steps it)."""
+    """A turn's plan and progress, read-only: what a reader of a turn takes (the stream
+    readers: ``runner._reader``, ``serve.lanes._deltas``), so that it cannot step the turn;
+    :class:`Turn` adds the steps."""
 
     def __init__(self, engine: Engine, plan: TurnPlan, kv: KVState,
                  on_complete: Callable[[list[Message]], None], *, local: bool = True) -> None:

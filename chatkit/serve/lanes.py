@@ -21,7 +21,7 @@ from ..chat.conversation import Conversation
 from ..chat.options import TurnOptions
 from ..chat.plan import THINK_BUDGET, plan_completion
 from ..chat.scheduler import EngineLoop, Ticket
-from ..chat.turn import KVState, Turn
+from ..chat.turn import KVState, Turn, TurnView
 from ..decode.sampling import Sampler
 from ..engine.concurrency import run_blocking
 from ..engine.protocols import SequenceLeases, StepEngine
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
-def _deltas(turn: Turn) -> ReplyDeltas:
+def _deltas(turn: TurnView) -> ReplyDeltas:
     """The stream reader of a held turn: its think block (a tool turn's is optional unless
     the prompt opened it) and its calls in the turn's dialect."""
     plan, dialect = turn.plan, turn.dialect
