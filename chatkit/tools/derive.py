@@ -211,7 +211,6 @@ def probe_render(render_turn: Callable[[Message, dict[str, Any]], str | None]) -
                                            tool)
 
 
-
 # ------------------------------------------------------------------ a record's whitespace
 Segment = tuple[str, str]
 """A stretch of a rendering: its part of the record ("s0" / "s1" the section's opening /
