@@ -67,10 +67,18 @@ if TYPE_CHECKING:
         StepEngine,
         Vocabulary,
     )
-    from .grammar.choices import ChoiceProbabilities
     from .grammar.constraints import Constraint
     from .grammar.schema import SchemaInput, SchemaReader
-    from .messages import FinishReason, Message, Reply, Role, TokenLogprob, ToolCall, Usage
+    from .messages import (
+        ChoiceProbabilities,
+        FinishReason,
+        Message,
+        Reply,
+        Role,
+        TokenLogprob,
+        ToolCall,
+        Usage,
+    )
     from .remote.engine import RemoteEngine
     from .templates import ChatTemplate, Segment
     from .tools import ModelRetry, Tool, ToolDefinition, ToolLike, Toolset, tool
@@ -90,7 +98,7 @@ _LAZY = {
     "grammar_limits": "grammar.limits",
     "set_grammar_limits": "grammar.limits",
     "AsyncReplyStream": "chat.runner",
-    "ChoiceProbabilities": "grammar.choices",
+    "ChoiceProbabilities": "messages",
     "FieldEvent": "chat.partial",
     "Partial": "chat.partial",
     "Conversation": "chat.conversation",

@@ -375,9 +375,8 @@ class Truncated(GenerationError):
         self.text = text
         self.max_tokens = max_tokens
         self.usage = usage
-        """The reply's ``chatkit.Usage`` so far, where the caller had one (typed ``object``:
+        """The cut reply's ``chatkit.Usage`` (None where no decode ran; typed ``object``:
         errors sit below messages)."""
-        """The cut reply's ``chatkit.Usage`` (None where no decode ran)."""
 
 
 class SchemaViolation(GenerationError):

@@ -15,7 +15,8 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
 
 from .errors import InvalidParameter
 
-__all__ = ["FinishReason", "Message", "Reply", "Role", "TokenLogprob", "ToolCall", "Usage"]
+__all__ = ["ChoiceProbabilities", "FinishReason", "Message", "Reply", "Role", "TokenLogprob",
+           "ToolCall", "Usage"]
 
 JSON: TypeAlias = Any
 """A JSON value as ``json.loads`` returns it (an object, list, string, number, bool or
@@ -200,6 +201,35 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ChoiceProbabilities:
+    """One field's value distribution under the grammar."""
+
+    path: str
+    """The field's JSON pointer (``"/verdict"``)."""
+    probabilities: dict[JSON, float]
+    """Each allowed value's probability (a Python value: str, bool, int ...)."""
+    chosen: JSON
+    """The value the reply holds."""
+    unaccounted: float = 0.0
+    """Probability mass on paths pruned below ``PRUNE``: the values' probabilities sum to
+    ``1 - unaccounted``."""
+    forward_passes: int = 0
+    """Branch tokens evaluated (the prefix not counted)."""
+    temperature: float = 1.0
+
+    @property
+    def decision(self) -> JSON:
+        """The most probable value."""
+        return max(self.probabilities, key=lambda v: self.probabilities[v])
+
+    @property
+    def margin(self) -> float:
+        """The decision's probability minus the runner-up's."""
+        ps = sorted(self.probabilities.values(), reverse=True)
+        return ps[0] - (ps[1] if len(ps) > 1 else 0.0)
+
+
+@dataclass(frozen=True)
 class Reply(Generic[T]):
     """An assistant reply: the text and what chatkit made of it.
 
@@ -226,9 +256,8 @@ class Reply(Generic[T]):
     logprobs: tuple[TokenLogprob, ...] | None = None
     """Per reply token (``logprobs=`` asked for them): its log-probability and the top
     alternatives."""
-    choices: dict[str, JSON] | None = None
-    """Per field (JSON pointer) asked for with ``probabilities=``: its
-    :class:`~chatkit.grammar.choices.ChoiceProbabilities`."""
+    choices: dict[str, ChoiceProbabilities] | None = None
+    """Per field (JSON pointer) asked for with ``probabilities=``: its value distribution."""
     raw: str | None = None
     """The exact text the model wrote, markup included (tool calls in their dialect's
     markup, a think block); None where no reply was decoded."""

@@ -24,7 +24,7 @@ from chatkit.errors import TemplateError
 from chatkit.messages import Message, ToolCall
 from chatkit.templates import ChatTemplate
 from chatkit.tools.definition import check_tools, tool
-from chatkit.tools.derive import derive, probe_render
+from chatkit.tools.derive import derive, probe_render, respaced
 from chatkit.tools.detect import (
     PROBE_CALLS,
     PROBE_TOOL,
@@ -34,7 +34,7 @@ from chatkit.tools.detect import (
     history_for,
     tool_reasoning,
 )
-from chatkit.tools.dialects import GENERIC, Dialect
+from chatkit.tools.dialects import DIALECTS, GENERIC, Dialect, render_calls
 from chatkit.tools.grammar import tool_grammar
 from chatkit.tools.parser import parse_calls, split_reasoning
 
@@ -323,3 +323,14 @@ def test_space_between_a_records_markers_is_learned(name: str) -> None:
     template = ChatTemplate.from_string(source, name=name)
     for shape in ("one call", "two calls"):
         assert check_turn(template, d, shape) is None, shape
+
+
+def test_respacing_keeps_the_space_at_a_calls_edges() -> None:
+    """Space learned between markers; the space before the first marker and after the last,
+    which the rendering does not delimit, stays as the record writes it (harmony's call
+    opens with ' to='; seen failing when the edges took only the text's core)."""
+    d = DIALECTS["harmony"]
+    written = render_calls(d, PROBE_CALLS[:1]).replace("commentary json", "commentary  json")
+    found = respaced(d, PROBE_CALLS, "QUESTION" + written, None)
+    assert found is not d and found.call[0] == d.call[0]
+    assert render_calls(found, PROBE_CALLS[:1]) == written

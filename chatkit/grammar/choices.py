@@ -27,10 +27,10 @@ from numpy.typing import NDArray
 
 from ..engine.protocols import SeqChunk, StepEngine
 from ..errors import InvalidParameter
-from ..messages import JSON
+from ..messages import ChoiceProbabilities
 from .constraints import Constraint
 
-__all__ = ["ChoiceProbabilities"]
+__all__: list[str] = []
 
 MAX_INTEGER_RANGE = 64
 """An integer field is enumerable when its ``minimum``..``maximum`` range is this small."""
@@ -38,35 +38,6 @@ PRUNE = 1e-6
 """Paths less probable than this are not expanded (their mass is reported as
 ``unaccounted``)."""
 _NUMBER_CHARS = b"0123456789.eE+-"
-
-
-@dataclass(frozen=True)
-class ChoiceProbabilities:
-    """One field's value distribution under the grammar."""
-
-    path: str
-    """The field's JSON pointer (``"/verdict"``)."""
-    probabilities: dict[JSON, float]
-    """Each allowed value's probability (a Python value: str, bool, int ...)."""
-    chosen: JSON
-    """The value the reply holds."""
-    unaccounted: float = 0.0
-    """Probability mass on paths pruned below ``PRUNE``: the values' probabilities sum to
-    ``1 - unaccounted``."""
-    forward_passes: int = 0
-    """Branch tokens evaluated (the prefix not counted)."""
-    temperature: float = 1.0
-
-    @property
-    def decision(self) -> JSON:
-        """The most probable value."""
-        return max(self.probabilities, key=lambda v: self.probabilities[v])
-
-    @property
-    def margin(self) -> float:
-        """The decision's probability minus the runner-up's."""
-        ps = sorted(self.probabilities.values(), reverse=True)
-        return ps[0] - (ps[1] if len(ps) > 1 else 0.0)
 
 
 def enumerable_fields(doc: Any) -> dict[str, list[Any]]:

@@ -247,8 +247,10 @@ def _cores(segments: list[Segment], text: str) -> list[tuple[int, int] | None] |
 def _spaced(segments: list[Segment], text: str) -> dict[str, str] | None:
     """Each literal part's text as ``text`` writes it: its core plus the space around it (a
     gap goes to an all-space literal in it, else to the literal it separates from a slot,
-    else to the next literal unless the record's previous one ends with space); None where
-    the segments do not align or one part is written two ways."""
+    else to the next literal unless the record's previous one ends with space; the space
+    before the first part and after the last, which the text does not delimit, as the
+    record writes it); None where the segments do not align or one part is written two
+    ways."""
     spans = _cores(segments, text)
     if spans is None:
         return None
@@ -266,6 +268,15 @@ def _spaced(segments: list[Segment], text: str) -> dict[str, str] | None:
             got[b] = gap + got[b]
         elif gap:
             return None
+    for i, (key, piece) in enumerate(segments):  # the edges: as the record writes them
+        if key and (not cores or i < cores[0] or i > cores[-1]):
+            got[i] = piece
+    if cores and segments[cores[0]][0]:
+        piece = segments[cores[0]][1]
+        got[cores[0]] = piece[:len(piece) - len(piece.lstrip())] + got[cores[0]]
+    if cores and segments[cores[-1]][0]:
+        piece = segments[cores[-1]][1]
+        got[cores[-1]] += piece[len(piece.rstrip()):]
     parts: dict[str, str] = {}
     for i, (key, _) in enumerate(segments):
         if key and parts.setdefault(key, got.get(i, "")) != got.get(i, ""):
@@ -299,4 +310,5 @@ def respaced(d: Dialect, calls: Sequence[ToolCall], one: str, two: str | None) -
                       for k, p in enumerate(d.call)),
         section=(parts["s0"], parts["s1"]) if d.section else d.section,
         separator=parts.get("sep", d.separator))
-    return found if writes(found, calls[:1], one) else d
+    both_written = two is None or d.max_calls == 1 or writes(found, calls, two)
+    return found if writes(found, calls[:1], one) and both_written else d
