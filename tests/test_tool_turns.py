@@ -334,3 +334,28 @@ def test_respacing_keeps_the_space_at_a_calls_edges() -> None:
     found = respaced(d, PROBE_CALLS, "QUESTION" + written, None)
     assert found is not d and found.call[0] == d.call[0]
     assert render_calls(found, PROBE_CALLS[:1]) == written
+
+
+def test_a_template_that_writes_the_time_renders_alike_while_probed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Firefunction v2's template writes the current time into its prompt: the probe's
+    renderings all see one time, so a second ticking between two of them cannot make the
+    prompt stop being a prefix of the history (a clock that ticks at every call: seen
+    failing without the pinned time)."""
+    import datetime as dt
+
+    import chatkit.templates.render as render
+
+    class Ticking(dt.datetime):
+        ticks = 0
+
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Ticking:
+            cls.ticks += 1
+            return cls(2026, 1, 1, 0, 0, cls.ticks % 60)
+
+    monkeypatch.setattr(render, "datetime", Ticking)
+    path = next(p for p in TEMPLATES if p.stem == "llama-3-firefunction-v2")
+    template = ChatTemplate.from_string(path.read_text(), name=path.stem)
+    written = assistant_rendering(template, Message("assistant", "", tool_calls=PROBE_CALLS[:1]))
+    assert written is not None and "probe_fn" in written

@@ -26,6 +26,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from ..engine.protocols import Vocabulary
@@ -50,24 +51,24 @@ PROBE_CALLS = (ToolCall(id="abcDEF123", name="probe_fn",
                ToolCall(id="xyzXYZ789", name="probe_fn",
                         arguments={"probe_arg": "SECOND", "n": 7}))
 _SPACE = re.compile(r"\s+")
+PROBE_NOW = datetime(2026, 1, 1)
+"""The time every probe rendering sees (a template that writes the date, Firefunction v2's
+``datetime``, renders a prompt and its history alike however long detection takes)."""
 
 
 def _squash(text: str) -> str:
     return _SPACE.sub("", text)
 
 
-def _rendered(template: ChatTemplate, calls: Sequence[ToolCall], *, as_text: bool,
-              squash: bool = True) -> str:
-    """A conversation with ``calls`` and their results as ``template`` writes it
-    (``squash``: whitespace removed)."""
+def _rendered(template: ChatTemplate, calls: Sequence[ToolCall], *, as_text: bool) -> str:
+    """A conversation with ``calls`` and their results as ``template`` writes it."""
     messages = [Message("user", "QUESTION"),
                 Message("assistant", "", tool_calls=tuple(calls)),
                 *(Message("tool", f"RESULT{i}", tool_call_id=c.id, name=c.name)
                   for i, c in enumerate(calls))]
     segments = template.render(messages, tools=[PROBE_TOOL], add_generation_prompt=False,
-                               arguments_as_text=as_text)
-    text = "".join(s.text for s in segments)
-    return _squash(text) if squash else text
+                               arguments_as_text=as_text, now=PROBE_NOW)
+    return "".join(s.text for s in segments)
 
 
 def assistant_rendering(template: ChatTemplate, message: Message, *,
@@ -84,17 +85,19 @@ def assistant_rendering(template: ChatTemplate, message: Message, *,
     tools = [tool or PROBE_TOOL]
     try:
         prompt = "".join(s.text for s in template.render(
-            [user], tools=tools, add_generation_prompt=True, arguments_as_text=as_text))
+            [user], tools=tools, add_generation_prompt=True, arguments_as_text=as_text,
+            now=PROBE_NOW))
         full = "".join(s.text for s in template.render(
             [user, message], tools=tools, add_generation_prompt=False,
-            arguments_as_text=as_text))
+            arguments_as_text=as_text, now=PROBE_NOW))
     except TemplateError:
         return None
     if full.startswith(prompt):
         return full[len(prompt):]
     try:  # a turn the template writes after the whole history (Command R+)
         bare = "".join(s.text for s in template.render(
-            [user], tools=tools, add_generation_prompt=False, arguments_as_text=as_text))
+            [user], tools=tools, add_generation_prompt=False, arguments_as_text=as_text,
+            now=PROBE_NOW))
         trailed = _before_trailer(prompt, bare, full)
     except TemplateError:
         trailed = None
@@ -257,16 +260,13 @@ def _detect(source: str) -> Dialect | str | None:
         one = _probe(template, PROBE_CALLS[:1], as_text=as_text)
         if one is None:
             continue
-        found = _match(one, PROBE_CALLS[:1])
+        found = _match(_squash(one), PROBE_CALLS[:1])
         if found is None:
             continue
         two = _probe(template, PROBE_CALLS, as_text=as_text)
-        if two is None or _match(two, PROBE_CALLS) is not found:
+        if two is None or _match(_squash(two), PROBE_CALLS) is not found:
             found = dataclasses.replace(found, max_calls=1)
-        found = respaced(found, PROBE_CALLS, _rendered(template, PROBE_CALLS[:1],
-                                                       as_text=as_text, squash=False),
-                         None if found.max_calls == 1 else
-                         _rendered(template, PROBE_CALLS, as_text=as_text, squash=False))
+        found = respaced(found, PROBE_CALLS, one, None if found.max_calls == 1 else two)
         if as_text:
             found = dataclasses.replace(found, args_as="string")
         return _learn(template, found, as_text=as_text)
@@ -281,7 +281,7 @@ def _detect(source: str) -> Dialect | str | None:
             # chatkit writes the calls into the content, after any text
             return dataclasses.replace(d, renders_calls=False, text_before=bool(d.section))
     try:
-        seen = _rendered(template, PROBE_CALLS[:1], as_text=False)
+        seen = _squash(_rendered(template, PROBE_CALLS[:1], as_text=False))
     except TemplateError as exc:
         return f"an error ({exc})"
     return seen.split("QUESTION", 1)[-1][:160] or None
