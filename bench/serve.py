@@ -283,6 +283,10 @@ def main() -> None:
                          "(bench/serve_agent.py; --servers chatkit,llama-server)")
     ap.add_argument("--sessions", type=int, default=2, help="agent workload: sessions per "
                     "server")
+    ap.add_argument("--chat-template", default=None, metavar="FILE|none",
+                    help="agent workload: the template both servers are given (default "
+                         "bench/gemma_tools.jinja; none: each server's own handling of a "
+                         "GGUF without one)")
     ap.add_argument("--servers", default=SERVERS,
                     help="comma-separated: chatkit, chatkit-reproducible (--reproducible: a KV "
                          "stream per sequence), llama-server (llama.cpp's own, -np 8, 2048 "
@@ -292,7 +296,9 @@ def main() -> None:
         import serve_agent
 
         servers = args.servers if args.servers != SERVERS else "chatkit,llama-server"
-        serve_agent.main(servers.split(","), args.sessions)
+        template = (serve_agent.TEMPLATE if args.chat_template is None else None
+                    if args.chat_template == "none" else Path(args.chat_template))
+        serve_agent.main(servers.split(","), args.sessions, template)
         return
     import llama_cpp
 

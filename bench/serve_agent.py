@@ -1,6 +1,7 @@
 """The agent workload of ``bench serve`` (``--workload agent``): what a coding agent sends.
 
     python3 dev.py bench serve --workload agent [--sessions 2] [--servers chatkit,llama-server]
+                                                [--chat-template FILE|none]
 
 A session is three streamed chat requests with tools on the Gemma 3 270M GGUF: a ~16k-token
 system prompt (an agent's instructions; each session's own, so every first turn is cold),
@@ -9,15 +10,20 @@ and its tool result appended, twice (the history is the same for every server, w
 its model wrote, so the prompts are equal token for token). Each turn's time to first
 token (any delta: text, a call, reasoning), its decode speed (completion tokens over the
 time after the first) and the cached prompt tokens the server reports are printed, per
-server: ``chatkit serve`` (no flag but the port and two sequences) and llama.cpp's
-``llama-server`` (``--jinja``, ``-np 2``, the same context per slot). Sessions alternate
-between the servers, in an order that rotates. What a second turn costs is the point: an
-agent's next request repeats the whole prompt before it, and a server that keeps the
-prefix evaluates only what was appended. Each turn says what the server wrote (a call or
-text): a turn's first delta comes after its first token for text, but only once a call's
-name is written for a call (under the generic fallback, ``{"tool_calls": [{"name": "...``,
-about 15 tokens on Gemma), so turns that wrote different things do not compare. The
-Gemma GGUF carries no chat template: llama-server renders it as ChatML, without the tools.
+server: ``chatkit serve`` (no flag but the port, two sequences and the template) and
+llama.cpp's ``llama-server`` (``--jinja``, ``-np 2``, the same context per slot, the same
+template). Sessions alternate between the servers, in an order that rotates. What a second
+turn costs is the point: an agent's next request repeats the whole prompt before it, and a
+server that keeps the prefix evaluates only what was appended.
+
+The Gemma GGUF carries no chat template, so both servers are given the same one by default
+(``bench/gemma_tools.jinja``: Gemma's turns, Hermes-style ``<tool_call>`` blocks), and both
+render the same prompt and write in the same markup. ``--chat-template none`` leaves each
+server to its own: chatkit's generic tool fallback, llama-server's ChatML without the tools,
+and then they write different things. Each turn says what its first delta was (text or a
+call) and whether it called: a first delta comes after one token for text, but only once a
+call's name is written for a call, so turns whose first deltas differ do not compare (the
+ratios mark them).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 import openai
 
 PROMPT_TOKENS = 16_000
+TEMPLATE = Path(__file__).resolve().parent / "gemma_tools.jinja"
 MAX_TOKENS = 64
 CTX_PER_SEQ = 32_768
 
@@ -109,6 +116,7 @@ def one_turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str,
     first: float | None = None
     usage: Any = None
     called = False
+    first_call = 0.0
     stream = client.chat.completions.create(
         model="m", messages=messages, tools=TOOLS, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True}, temperature=0, max_tokens=MAX_TOKENS)
@@ -120,31 +128,37 @@ def one_turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str,
             if first is None and (d.content or d.tool_calls
                                   or getattr(d, "reasoning_content", None)):
                 first = time.perf_counter() - t0
+                first_call = float(bool(d.tool_calls))
     total = time.perf_counter() - t0
     first = total if first is None else first
     details = getattr(usage, "prompt_tokens_details", None)
     completion = usage.completion_tokens if usage is not None else 0
     return {"ttft": first, "total": total, "prompt": usage.prompt_tokens if usage else 0,
             "cached": (details.cached_tokens or 0) if details is not None else 0,
-            "completion": completion, "called": float(called),
+            "completion": completion, "called": float(called), "first_call": first_call,
             "tok_s": (completion - 1) / (total - first) if completion > 1 and total > first
             else 0.0}
 
 
-def start(kind: str, path: Path, port: int) -> Any:
+def start(kind: str, path: Path, port: int, template: Path | None) -> Any:
     from serve import Server, llama_server_binary
+
+    tmpl = ["--chat-template" + ("-file" if kind == "llama-server" else ""), str(template)]
 
     if kind == "llama-server":
         cmd = [llama_server_binary(), "-m", str(path), "--port", str(port), "--jinja",
                "-np", "2", "-c", str(2 * CTX_PER_SEQ), "--alias", "m",
-               "-t", str(os.cpu_count() or 1)]
+               "-t", str(os.cpu_count() or 1)] + (tmpl if template else [])
     else:
         cmd = [sys.executable, "-m", "chatkit", "serve", "--model", str(path), "--port",
-               str(port), "--n-seq-max", "2", "--ctx-per-seq", str(CTX_PER_SEQ), "--name", "m"]
+               str(port), "--n-seq-max", "2", "--ctx-per-seq", str(CTX_PER_SEQ), "--name", "m"
+               ] + (tmpl if template else [])
     return Server(kind, path, port, cmd)
 
 
-def main(kinds: list[str], sessions: int) -> None:
+def main(kinds: list[str], sessions: int, template: Path | None = TEMPLATE) -> None:
+    """Run ``sessions`` sessions on each server of ``kinds``, both given ``template`` (None:
+    each server's own handling of a GGUF without one), and print the table."""
     import llama_cpp
     from serve import free_port
 
@@ -159,9 +173,10 @@ def main(kinds: list[str], sessions: int) -> None:
 
     print(f"{date.today()}, {platform.machine()}, {os.cpu_count()} cores, Gemma 3 270M "
           f"Q4_K_M, greedy, max_tokens {MAX_TOKENS}, ~{PROMPT_TOKENS} system tokens, "
-          f"{len(TOOLS)} tools, {sessions} sessions of 3 turns, load average before: "
+          f"{len(TOOLS)} tools, {sessions} sessions of 3 turns, template "
+          f"{template.name if template else 'each server its own'}, load average before: "
           f"{os.getloadavg()[0]:.2f}", flush=True)
-    servers = {k: start(k, path, free_port()) for k in kinds}
+    servers = {k: start(k, path, free_port(), template) for k in kinds}
     results: dict[str, list[list[dict[str, float]]]] = {k: [] for k in kinds}
     try:
         for server in servers.values():  # warm-up: a short tool turn
@@ -176,14 +191,20 @@ def main(kinds: list[str], sessions: int) -> None:
                     session = [one_turn(c, m) for m in turns(system)]
                 results[kind].append(session)
                 print(f"{kind:14s} session {s}: " + "; ".join(
-                    f"turn {i + 1} ttft {t['ttft']:.2f} s ({'a call' if t['called'] else 'text'}"
-                    f"), {t['tok_s']:.1f} tok/s, prompt {t['prompt']:.0f} (cached "
+                    f"turn {i + 1} ttft {t['ttft']:.2f} s ({wrote(t)}), {t['tok_s']:.1f} "
+                    f"tok/s, prompt {t['prompt']:.0f} (cached "
                     f"{t['cached']:.0f})"
                     for i, t in enumerate(session)), flush=True)
     finally:
         for server in servers.values():
             server.close()
     report(results)
+
+
+def wrote(turn: dict[str, float]) -> str:
+    """What a turn wrote: its first delta (text or a call) and whether it called at all."""
+    first = "a call" if turn["first_call"] else "text"
+    return first if turn["first_call"] or not turn["called"] else "text, then a call"
 
 
 def report(results: dict[str, list[list[dict[str, float]]]]) -> None:
@@ -199,9 +220,15 @@ def report(results: dict[str, list[list[dict[str, float]]]]) -> None:
               f"{statistics.median(t['tok_s'] for s in results[kind] for t in s):.1f} | "
               f"{med(kind, 1, 'cached'):.0f} / {med(kind, 1, 'prompt'):.0f} |")
     if {"chatkit", "llama-server"} <= set(results):
-        def speed(kind: str) -> float:
-            return statistics.median(t["tok_s"] for s in results[kind] for t in s)
-
-        print("\nchatkit vs llama-server (> 1: chatkit faster): " + ", ".join(
-            f"turn {i + 1} TTFT {med('llama-server', i, 'ttft') / med('chatkit', i, 'ttft'):.2f}x"
-            for i in range(3)) + f", decode tok/s {speed('chatkit') / speed('llama-server'):.2f}x")
+        ours, theirs = results["chatkit"], results["llama-server"]
+        ratios = []
+        for turn in range(3):
+            ratio = (statistics.median(s[turn]["ttft"] for s in theirs)
+                     / statistics.median(s[turn]["ttft"] for s in ours))
+            same = all(a[turn]["first_call"] == b[turn]["first_call"]
+                       for a in ours for b in theirs)
+            ratios.append(f"{ratio:.2f}x" + ("" if same else " (first deltas differ)"))
+        decode = (statistics.median(t["tok_s"] for s in ours for t in s)
+                  / statistics.median(t["tok_s"] for s in theirs for t in s))
+        print(f"\nchatkit vs llama-server (above 1 is chatkit faster): TTFT "
+              f"{' / '.join(ratios)} on turns 1-3, decode {decode:.2f}x")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid, UsageError
+from .serve.sizing import POOL_MAX_CTX_PER_SEQ
 
 if TYPE_CHECKING:
     from .grammar.constraints import Constraint
@@ -328,29 +329,34 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise UsageError(f"chatkit serve needs the serve extra (pip install 'chatkit[serve]'):"
                          f" {exc}") from None
+    from .chat.scheduler import engine_loop
     from .engine.model import Model
+    from .serve import sizing
     from .serve.openai_api import ServerLimits
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _apply_grammar_limits(args)
     template = _serve_template(args)
-    ctx_per_seq, sized = _ctx_per_seq(args)
+    ctx_per_seq, sized = sizing.ctx_per_seq(args.model, ctx_per_seq=args.ctx_per_seq,
+                                            n_ctx=args.n_ctx, n_seq_max=args.n_seq_max)
+    layout = sizing.kv_layout(args.kv, reproducible=args.reproducible,
+                              cache_seqs=args.cache_seqs, ctx_per_seq=ctx_per_seq,
+                              n_seq_max=args.n_seq_max)
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * ctx_per_seq
-    cache_seqs = (args.cache_seqs if args.cache_seqs is not None  # refused by name beside
-                  else 0 if args.reproducible  # --reproducible; else as many as fit
-                  else min(args.n_seq_max, max(0, 256 - args.n_seq_max)))
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
-                       kv_unified=not args.reproducible, cache_seqs=cache_seqs,
-                       swa_full=True,
-                       **_placement(args))
+                       kv_unified=layout.kv_unified, cache_seqs=layout.cache_seqs,
+                       swa_full=layout.swa_full, **_placement(args))
     if model.kv_unified:  # one pool, but each request keeps its sequence's share of it
         model.n_ctx_seq = model.n_ctx // args.n_seq_max
+    engine_loop(model).reproducible = layout.reproducible
     origin = (f"--n-ctx {args.n_ctx} shared by --n-seq-max {args.n_seq_max}"
               if args.n_ctx is not None else
               f"--ctx-per-seq {ctx_per_seq} for each of --n-seq-max {args.n_seq_max}")
-    logging.getLogger("chatkit").info("context: %d tokens for each of %d sequences (%s)",
-                                      model.n_ctx_seq, args.n_seq_max, sized)
+    log = logging.getLogger("chatkit")
+    log.info("context: %d tokens for each of %d sequences (%s)", model.n_ctx_seq,
+             args.n_seq_max, sized)
+    log.info("KV cache: %s", layout.why)
     name = args.name or Path(str(model.path)).stem
     limits = ServerLimits(max_tokens=args.max_tokens_cap, context_source=origin,
                           speculative=args.speculative)
@@ -359,48 +365,6 @@ def _serve(args: argparse.Namespace) -> int:
           max_queue=args.max_queue, template=template, tool_format=args.tool_format,
           drain_timeout=args.drain_timeout)
     return 0
-
-
-KV_MEMORY_SHARE = 0.5
-"""Of the memory available at start-up, the share the default context's KV cache may take."""
-
-
-def _ctx_per_seq(args: argparse.Namespace) -> tuple[int, str]:
-    """Each sequence's context and where it came from: ``--ctx-per-seq``, else the model's
-    training context, shrunk (to a multiple of 256, at least 2048) until the f16 KV cache
-    of ``--n-seq-max`` sequences takes at most ``KV_MEMORY_SHARE`` of the available memory."""
-    if args.ctx_per_seq is not None:
-        return args.ctx_per_seq, "--ctx-per-seq"
-    if args.n_ctx is not None:
-        return args.n_ctx // args.n_seq_max, "--n-ctx"
-    from .engine.gguf_header import kv_bytes_per_token, train_context
-    from .engine.vocab import checked_gguf
-
-    path = checked_gguf(args.model)
-    trained = train_context(path) or 4096
-    per_token, available = kv_bytes_per_token(path), _available_memory()
-    if per_token is None or available is None:
-        return trained, "the model's training context"
-    fits = int(available * KV_MEMORY_SHARE) // (per_token * args.n_seq_max)
-    if fits >= trained:
-        return trained, (f"the model's training context; KV cache at most "
-                         f"{trained * per_token * args.n_seq_max / 2**30:.1f} GiB")
-    chosen = max(2048, fits // 256 * 256)
-    return chosen, (f"limited by memory: the model's training context is {trained}; "
-                    f"KV cache at most {chosen * per_token * args.n_seq_max / 2**30:.1f} GiB "
-                    f"of {available / 2**30:.1f} GiB available; --ctx-per-seq sets it")
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available now (Linux ``MemAvailable``; elsewhere None)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _int_at_least(value: str, low: int) -> int:
@@ -514,7 +478,7 @@ def _add_serve(sub: Any) -> None:
     srv.add_argument("--cache-seqs", type=_non_negative_int, default=None,
                      help="more KV sequences that only keep finished requests' prompts for "
                           "later ones (default: --n-seq-max; emptied least recently used "
-                          "first when the pool needs room; not with --reproducible)")
+                          "first when the pool needs room; one pool only)")
     srv.add_argument("--max-queue", type=_positive_int, default=64,
                      help="turns that may wait for a sequence (then 429)")
     srv.add_argument("--drain-timeout", type=_seconds, default=30.0, metavar="SECONDS",
@@ -530,10 +494,15 @@ def _add_serve(sub: Any) -> None:
                           "qwen3, gemma), for every chat request (default: the model's own)")
     srv.add_argument("--tool-format", metavar="DIALECT",
                      help="the tool-call dialect (default: detected from the template)")
+    srv.add_argument("--kv", choices=("pool", "streams"), default=None,
+                     help="the KV cache: one pool (prompt prefixes copied between requests, "
+                          "cache sequences) or a stream per sequence (each request's "
+                          "attention over its own cells; long contexts); default: one pool "
+                          f"while each sequence's context is at most "
+                          f"{POOL_MAX_CTX_PER_SEQ} tokens")
     srv.add_argument("--reproducible", action="store_true",
-                     help="a KV stream per sequence: each reply equals the same request "
-                          "served alone (default: one KV pool, prompt prefixes shared "
-                          "between requests)")
+                     help="a KV stream per sequence in small steps: each reply equals the "
+                          "same request served alone")
     srv.add_argument("--speculative", action="store_true",
                      help="grammar-drafted speculative decoding for every request: the "
                           "tokens a schema forces ride in one verify step")

@@ -304,6 +304,25 @@ def test_a_unified_pool_prefills_in_large_steps_and_smaller_beside_decoding() ->
         model.close()
 
 
+def test_streams_keep_small_steps_unless_the_loop_is_not_reproducible() -> None:
+    """A KV stream per sequence keeps steps of ``STEP_ROWS`` rows by default (each reply
+    equals the same reply sent alone); with ``reproducible`` off (``chatkit serve`` on long
+    contexts) a prompt alone is prefilled in steps of up to ``n_batch`` rows."""
+    model = Model.load(n_ctx=4096, n_seq_max=2, kv_unified=False, n_batch=256)
+    try:
+        loop = _fresh_stats(model)
+        assert loop.reproducible
+        greedy = SamplingParams(temperature=0.0)
+        long_text = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 60
+        Conversation(model, sampling=greedy).send(long_text, max_tokens=1)
+        assert loop.stats.max_rows == STEP_ROWS
+        loop.reproducible = False
+        Conversation(model, sampling=greedy).send(long_text.upper(), max_tokens=1)
+        assert loop.stats.max_rows == 256  # the prompt is over 256 tokens
+    finally:
+        model.close()
+
+
 def test_a_cached_prompt_starts_before_a_long_prefill_ends(smol: Model) -> None:
     """Prefill rows go to the prompt with least left first: a turn whose history is cached
     gets its first token in the first step, not after another turn's long prefill. Both

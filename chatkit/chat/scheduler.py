@@ -14,12 +14,14 @@ evaluation, so each reply equals the same reply sent alone, greedy and seeded. W
 ``kv_unified=True`` attention spans other sequences' cells and near-ties can flip
 (docs/DESIGN.md "Numerics"), so nothing is kept by small steps while no turn decodes: a
 prompt is then prefilled in steps of up to ``n_batch`` rows (an agent's long first prompt
-at the speed llama.cpp prefills). Beside decoding turns steps keep to ``STEP_ROWS`` (their
-next token waits for the whole step). There, a new turn
+at the speed llama.cpp prefills), as it is with a stream per sequence when the loop's
+``reproducible`` is turned off. Beside decoding turns steps keep to ``STEP_ROWS`` (their
+next token waits for the whole step). On one pool a new turn
 copies a prompt prefix a running turn's sequence holds (or will, once its prefill gets
 there) instead of evaluating it (``seq_cp``; ``LoopStats.shared_tokens``), so concurrent
-turns with one system prompt prefill it once. ``chatkit serve`` runs that way by default
-(``--reproducible`` for a stream per sequence).
+turns with one system prompt prefill it once. ``chatkit serve`` runs one pool for short
+contexts and a stream per sequence, ``reproducible`` off, for long ones
+(:mod:`chatkit.serve.sizing`; ``--reproducible`` keeps the small steps).
 
 Waiting turns sit in a bounded FIFO queue (``max_queue``): a full queue is
 ``EngineBusy`` at submission, and a turn that finds no free sequence within the
@@ -277,6 +279,11 @@ class EngineLoop:
         self._active = False  # registered with the compute thread
         self._checkpoint = getattr(engine, "checkpoint", None)
         """A sliding window's checkpoint at each prompt's end (``Model.checkpoint``)."""
+        self.reproducible = not engine.kv_unified
+        """Steps keep to ``STEP_ROWS`` rows, where each reply equals the same reply sent
+        alone (a KV stream per sequence; the default there). False: a prompt is prefilled
+        in steps of up to ``n_batch`` rows while no turn decodes (``chatkit serve`` with a
+        stream per sequence and no ``--reproducible``). Never True on one pool."""
 
     @property
     def queued(self) -> int:
@@ -436,8 +443,8 @@ class EngineLoop:
                 chunks.append(c)
                 owners.append((t, "verify" if c.logits == "all" else "advance"))
                 drafts -= len(c.tokens) - 1
-        if engine.kv_unified and not chunks:  # no bitwise regime to keep (module docstring)
-            room = engine.n_batch
+        if not chunks and (engine.kv_unified or not self.reproducible):  # no bitwise
+            room = engine.n_batch  # regime to keep (module docstring)
         budget = max(1, room - sum(len(c.tokens) for c in chunks))
         _prefill_rows(self._live, budget, chunks, owners)
         if not chunks:

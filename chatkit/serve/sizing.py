@@ -1,0 +1,121 @@
+"""How ``chatkit serve`` sizes its engine: each sequence's context and the KV cache's layout.
+
+Two layouts, chosen at start-up and logged with the reason:
+
+- **one pool** (llama.cpp's unified KV cache): every sequence's cells in one pool, so a prompt
+  prefix one request holds can be copied into another's sequence (a shared system prompt
+  prefilled once) and idle *cache sequences* keep finished requests' prompts. Its price
+  grows with the context: llama.cpp's attention spans every used cell of the pool, masked, so
+  each request's prefill and decode also pay for the cells other sequences hold (measured in
+  docs/benchmarks.md, "One pool or a stream per sequence": at 17k tokens a prompt prefills
+  ~25% slower beside one cached 17k prefix, ~40% beside two).
+- **a stream per sequence**: each sequence's attention over its own cells only, as
+  llama-server's slots. Prefixes are reused by routing a request to the idle sequence that
+  holds its prefix (trimmed), never copied; sliding-window models keep their window
+  checkpoints instead of ``swa_full``.
+
+The default: one pool while each sequence's context is at most ``POOL_MAX_CTX_PER_SEQ``
+tokens (short requests, where sharing a prefix between concurrent requests pays and the
+pool's span costs little), a stream per sequence above it (an agent's long sessions).
+``--kv pool|streams`` chooses; ``--reproducible`` is a stream per sequence in steps small
+enough that each reply equals the same request served alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+
+__all__: list[str] = []
+
+KV_MEMORY_SHARE = 0.5
+"""Of the memory available at start-up, the share the default context's KV cache may take."""
+
+POOL_MAX_CTX_PER_SEQ = 8192
+"""The longest context per sequence that gets one KV pool by default."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How the KV cache is laid out, as ``Model.load`` and the engine loop take it."""
+
+    kv_unified: bool
+    """One pool for every sequence (else a stream per sequence)."""
+    cache_seqs: int
+    """Idle sequences that only keep prompts (one pool only)."""
+    swa_full: bool
+    """A sliding window's layers as large as the context (one pool: prefixes copied whole)."""
+    reproducible: bool
+    """Steps small enough that each reply equals the same request served alone."""
+    why: str
+    """The reason, for the start-up log."""
+
+
+def kv_layout(kv: str | None, *, reproducible: bool, cache_seqs: int | None,
+              ctx_per_seq: int, n_seq_max: int) -> KVLayout:
+    """The layout for ``--kv`` (``pool``, ``streams`` or None: by ``ctx_per_seq``),
+    ``--reproducible`` and ``--cache-seqs`` (None: as many as ``n_seq_max``, at most 256
+    sequence ids in all). ``UsageError`` for flags that do not go together: ``--kv pool``
+    with ``--reproducible``, cache sequences beside a stream per sequence."""
+    if reproducible and kv == "pool":
+        raise UsageError("--reproducible is a KV stream per sequence, not --kv pool")
+    if kv is None:
+        kv = "streams" if reproducible or ctx_per_seq > POOL_MAX_CTX_PER_SEQ else "pool"
+        why = ("--reproducible" if reproducible else
+               f"each sequence's context is {ctx_per_seq} tokens, "
+               f"{'above' if kv == 'streams' else 'at most'} {POOL_MAX_CTX_PER_SEQ}; --kv sets it")
+    else:
+        why = f"--kv {kv}"
+    if kv == "streams":
+        if cache_seqs:
+            raise UsageError("--cache-seqs keeps prompts in one KV pool (--kv pool); with a "
+                             "stream per sequence each would take a sequence's share")
+        return KVLayout(False, 0, False, reproducible,
+                        f"a stream per sequence ({why}): no prefix copies between requests")
+    cache = cache_seqs if cache_seqs is not None else min(n_seq_max, max(0, 256 - n_seq_max))
+    return KVLayout(True, cache, True, False,
+                    f"one pool ({why}): prefixes copied between requests, {cache} cache "
+                    f"sequences")
+
+
+def ctx_per_seq(model: str | None, *, ctx_per_seq: int | None, n_ctx: int | None,
+                n_seq_max: int) -> tuple[int, str]:
+    """Each sequence's context and where it came from: ``--ctx-per-seq``, else ``--n-ctx``'s
+    share, else the model's training context, shrunk (to a multiple of 256, at least 2048)
+    until the f16 KV cache of ``n_seq_max`` sequences takes at most ``KV_MEMORY_SHARE`` of
+    the available memory. Reads the GGUF's header (``model``: a path, or None for the
+    embedded default)."""
+    if ctx_per_seq is not None:
+        return ctx_per_seq, "--ctx-per-seq"
+    if n_ctx is not None:
+        return n_ctx // n_seq_max, "--n-ctx"
+    from ..engine.gguf_header import kv_bytes_per_token, train_context
+    from ..engine.vocab import checked_gguf
+
+    path: Path = checked_gguf(model)
+    trained = train_context(path) or 4096
+    per_token, available = kv_bytes_per_token(path), available_memory()
+    if per_token is None or available is None:
+        return trained, "the model's training context"
+    fits = int(available * KV_MEMORY_SHARE) // (per_token * n_seq_max)
+    if fits >= trained:
+        return trained, (f"the model's training context; KV cache at most "
+                         f"{trained * per_token * n_seq_max / 2**30:.1f} GiB")
+    chosen = max(2048, fits // 256 * 256)
+    return chosen, (f"limited by memory: the model's training context is {trained}; "
+                    f"KV cache at most {chosen * per_token * n_seq_max / 2**30:.1f} GiB "
+                    f"of {available / 2**30:.1f} GiB available; --ctx-per-seq sets it")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``MemAvailable``; elsewhere None)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

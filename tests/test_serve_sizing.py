@@ -1,0 +1,54 @@
+"""``chatkit serve``'s KV layout: one pool for short contexts, a stream per sequence for long
+ones (an agent's), the flags that choose it, and the ones that do not go together."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatkit.errors import UsageError
+from chatkit.serve.sizing import POOL_MAX_CTX_PER_SEQ, kv_layout
+
+
+def _layout(kv: str | None = None, *, reproducible: bool = False, cache_seqs: int | None = None,
+            ctx: int = 1024, n_seq_max: int = 4):  # type: ignore[no-untyped-def]
+    return kv_layout(kv, reproducible=reproducible, cache_seqs=cache_seqs, ctx_per_seq=ctx,
+                     n_seq_max=n_seq_max)
+
+
+def test_short_contexts_get_one_pool_and_long_ones_a_stream_per_sequence() -> None:
+    short = _layout(ctx=POOL_MAX_CTX_PER_SEQ)
+    assert (short.kv_unified, short.cache_seqs, short.swa_full, short.reproducible) == (
+        True, 4, True, False)
+    assert "one pool" in short.why and str(POOL_MAX_CTX_PER_SEQ) in short.why
+    long = _layout(ctx=POOL_MAX_CTX_PER_SEQ + 1)
+    # a stream per sequence: no cache sequences, window checkpoints instead of swa_full, and
+    # large prefill steps (the replies need not equal the same request served alone)
+    assert (long.kv_unified, long.cache_seqs, long.swa_full, long.reproducible) == (
+        False, 0, False, False)
+    assert "a stream per sequence" in long.why and "--kv" in long.why
+
+
+def test_the_flags_choose_and_say_so() -> None:
+    assert _layout("streams", ctx=512).kv_unified is False
+    assert "--kv streams" in _layout("streams").why
+    pool = _layout("pool", ctx=32768, cache_seqs=2)
+    assert (pool.kv_unified, pool.cache_seqs) == (True, 2)
+    exact = _layout(reproducible=True, ctx=512)
+    assert (exact.kv_unified, exact.reproducible) == (False, True)
+    assert _layout(n_seq_max=250).cache_seqs == 6  # 256 sequence ids in all
+
+
+@pytest.mark.parametrize(("kv", "reproducible", "cache_seqs", "ctx", "match"), [
+    ("pool", True, None, 512, "--reproducible"),
+    ("streams", False, 2, 512, "--cache-seqs"),
+    (None, True, 1, 512, "--cache-seqs"),
+    (None, False, 1, POOL_MAX_CTX_PER_SEQ + 1, "--cache-seqs"),
+])
+def test_flags_that_do_not_go_together_are_refused_by_name(
+        kv: str | None, reproducible: bool, cache_seqs: int | None, ctx: int,
+        match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        _layout(kv, reproducible=reproducible, cache_seqs=cache_seqs, ctx=ctx)
+    # --cache-seqs 0 goes with anything that is not a pool
+    if cache_seqs:
+        _layout(None if kv == "pool" else kv, reproducible=reproducible, cache_seqs=0, ctx=ctx)
