@@ -439,3 +439,28 @@ def test_load_reports_progress_and_can_be_cancelled() -> None:
     assert seen[0] == 0.0 and seen[-1] == 1.0 and seen == sorted(seen)
     with pytest.raises(ModelLoadError, match="cancelled"):
         Model.load(n_ctx=256, n_seq_max=1, progress=lambda fraction: False)
+
+
+def test_model_is_composed_of_its_members_not_mixed_in(smol: Model) -> None:
+    """``Model`` has no base but ``object``: its vocabulary (``vocab``) and its KV cells and
+    leases (``kv``) are members, and every name it lends is the member's own, under the same
+    name, so ``model.x`` and ``model.member.x`` are one thing."""
+    from chatkit.engine.delegate import Lent, LentValue
+
+    assert Model.__bases__ == (object,)
+    lent = {name: d for name, d in vars(Model).items() if isinstance(d, (Lent, LentValue))}
+    assert {"tokenize", "lease_seq", "seq_rm", "copies_prefixes", "seq_wait"} <= set(lent)
+    for name, d in lent.items():
+        member = getattr(smol, d.member)
+        assert d.attr == name and hasattr(member, name), name
+        if isinstance(d, Lent):
+            assert getattr(smol, name) == getattr(member, name)
+            assert getattr(Model, name).__doc__ == getattr(type(member), name).__doc__
+        else:
+            assert getattr(smol, name) == getattr(member, name)
+    before = smol.seq_wait
+    try:
+        smol.seq_wait = 1.5  # a lent value is written through to the member
+        assert smol.kv.seq_wait == 1.5
+    finally:
+        smol.seq_wait = before

@@ -80,9 +80,9 @@ def test_a_prefix_copied_out_at_the_checkpoint_gets_the_window(pool: Model) -> N
     pool.prefill(0, a)
     pool.checkpoint(0, len(a))
     pool.prefill(0, d, pos=len(a))
-    assert not pool._window_intact(0, len(a))
+    assert not pool.kv._window_intact(0, len(a))
     pool.seq_cp(0, 1, 0, len(a))
-    assert pool._window_intact(1, len(a))  # the checkpoint's window, not 0's cells
+    assert pool.kv._window_intact(1, len(a))  # the checkpoint's window, not 0's cells
     assert pool.resumable(1, len(a)) == len(a)
     for s in (0, 1):
         pool.seq_rm(s)
@@ -103,7 +103,7 @@ def test_the_next_turn_starts_from_the_prompt_after_a_long_reply() -> None:
                       max_tokens=700)
         prompt = cut.value.usage.prompt_tokens
         assert conv.kv.seq is not None
-        assert not pool._window_intact(conv.kv.seq, prompt)  # the reply pushed it out
+        assert not pool.kv._window_intact(conv.kv.seq, prompt)  # the reply pushed it out
         assert conv.messages == []  # a cut turn is not recorded: the client's own history
         conv.messages += [Message("user", "Write a long story."), Message("assistant", "OK.")]
         second = conv.send("Shorter, please.", max_tokens=2)

@@ -1,6 +1,8 @@
-"""SeqLeases: which owner (a conversation) holds which of an engine's KV sequences, which
-are leased for a turn right now, and what each idle one holds (so a turn can start from
-another owner's prefix: routing by content)."""
+"""An engine's KV sequences: ``SeqLeases`` (which owner, a conversation, holds which
+sequence, which are leased for a turn right now, and what each idle one holds, so a turn can
+start from another owner's prefix: routing by content), ``WindowCheckpoints`` (where a
+sliding window drops cells) and ``KVCells``, the member of a ``Model`` that holds both and
+edits the cells."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..errors import DecodeError, EngineBusy
+from ..errors import DecodeError, EngineBusy, InvalidParameter
 from .lowlevel import llama_cpp
 
 _log = logging.getLogger("chatkit")
@@ -211,56 +213,6 @@ class SeqLeases:
             self._holds = [() if not busy else None for busy in self._busy]
 
 
-class LeasesSequences:
-    """The sequence-lease methods of an engine over its :class:`SeqLeases` (``_leases``),
-    waiting up to ``seq_wait`` seconds by default."""
-
-    _leases: SeqLeases
-    seq_wait: float
-
-    def acquire_seq(self, owner: int, preferred: int | None = None, *,
-                    wait: float | None = None) -> tuple[int, bool]:
-        """Lease a KV sequence to ``owner`` (e.g. a conversation's id) for one turn.
-
-        Returns ``(seq_id, kept)``: ``kept`` is True when ``preferred`` still
-        holds this owner's cached tokens. Otherwise an unowned sequence, else
-        the least recently used idle one, is cleared and handed over. When every
-        sequence is busy, waits up to ``wait`` seconds (default ``seq_wait``) for one
-        to be released (other threads' turns keep running meanwhile), then raises
-        ``EngineBusy``; ``wait=0`` does not wait.
-        """
-        return self._leases.acquire(owner, preferred, self.seq_wait if wait is None else wait)
-
-    def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
-                  min_shared: int = 1, cells: int = 0, wait: float | None = None
-                  ) -> tuple[int, list[int] | None]:
-        """As :meth:`acquire_seq`, for a turn that evaluates ``prompt``: ``(seq_id, held)``,
-        ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
-        prefix the sequence now holds. On a miss, the idle sequence whose tokens (as its last
-        ``release_seq(seq, holds)`` recorded them) share the longest prefix with ``prompt``,
-        ``min_shared`` tokens at least, gives it: copied (``copies_prefixes``), or else that
-        sequence itself is trimmed and handed over when that evicts nothing a plain lease
-        would keep. Routing a request to the cache that shares most of its prompt.
-        ``cells``: the most the turn will fill (prompt, reply and drafts; 0: ``n_ctx_seq``),
-        which the room kept for cache sequences' prefixes leaves free."""
-        return self._leases.lease(owner, preferred, prompt, min_shared=min_shared, cells=cells,
-                                  wait=self.seq_wait if wait is None else wait)
-
-    def free_seqs(self) -> int:
-        """How many KV sequences are not leased right now."""
-        return self._leases.free()
-
-    def release_seq(self, seq_id: int, holds: Sequence[int] | None = None) -> None:
-        """End a lease; the sequence keeps its tokens for the owner's next turn. ``holds``:
-        exactly the tokens it holds now, which lets another owner's turn start from them
-        (``lease_seq``); None when not known."""
-        self._leases.release(seq_id, holds)
-
-    def release_seq_owner(self, owner: int) -> None:
-        """Forget an owner (it is gone): its sequences become free to reuse."""
-        self._leases.release_owner(owner)
-
-
 # ------------------------------------------------------------ sliding-window checkpoints
 # Sliding-window checkpoints: where a model's window layers drop a sequence's older cells.
 #
@@ -349,3 +301,168 @@ class WindowCheckpoints:
             self._saved.pop(dst, None)
             raise DecodeError(-1, f"llama.cpp refused the window checkpoint at {pos} for "
                                   f"sequence {dst}")
+
+
+class KVCells:
+    """A llama.cpp context's KV cells by sequence, and who holds which sequence: cut back,
+    copied, asked what they hold, leased for a turn, checkpointed where a sliding window
+    drops cells (``Model.kv``; the model lends its methods as its own).
+
+    ``model`` and ``ctx``: llama.cpp's model and context; ``lock``: the engine's; ``n_seq_ids``
+    sequence ids of which ``n_seq_max`` are leased at once; ``room``: with cache sequences,
+    (cells in the pool, cells one lease may fill), read at each lease. Not thread-safe but
+    through ``lock`` (the leases take it; KV edits are made under it by the engine)."""
+
+    def __init__(self, model: Any, ctx: Any, lock: threading.RLock, *, n_seq_ids: int,
+                 n_seq_max: int, kv_unified: bool, swa_full: bool,
+                 room: tuple[Callable[[], int], Callable[[], int]] | None = None) -> None:
+        self._model = model
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.kv_unified = kv_unified
+        """One KV pool for every sequence (prefix copies); else a stream per sequence."""
+        self.swa_full = swa_full
+        """A sliding-window model's window layers keep every cell (llama.cpp's
+        ``swa_full``), so sequences keep their prefixes (:attr:`keeps_prefixes`)."""
+        self.seq_wait = 60.0
+        """Seconds a turn waits for a free KV sequence before ``EngineBusy``."""
+        self._windows = (WindowCheckpoints(ctx, self._window_intact)
+                         if llama_cpp.llama_model_n_swa(model) > 0 and not swa_full
+                         and self.cuts_back else None)
+        """A sliding window's checkpoints at each prompt's end (:meth:`checkpoint`)."""
+        self.leases = SeqLeases(n_seq_ids, lock, self.seq_rm,
+                                self.seq_cp if self.copies_prefixes else None,
+                                max_busy=n_seq_max, seq_len=lambda s: self.seq_pos_max(s) + 1,
+                                resumable=self.resumable)
+        """Which owner holds which sequence."""
+        # a window's cells are checked by resumable(); not on one pool (copies_prefixes)
+        self.leases.routes = self.keeps_prefixes or (self.cuts_back and not kv_unified)
+        self.leases.room = room  # each lease keeps to its share; idle prefixes fill the rest
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of a sequence (p1=-1: to the end)."""
+        self.leases.touched((seq_id,))
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
+            raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+        if self._windows is not None:  # cut back to a prompt's end: its window restored
+            self._windows.after_rm(seq_id, p0, p1)
+
+    @property
+    def copies_prefixes(self) -> bool:
+        """Whether a prompt prefix can be copied between sequences and read back exactly:
+        one KV pool and :attr:`keeps_prefixes`. (Not a sliding window without ``swa_full``
+        on one pool: there the window layers' cells are too few for the copies' windows
+        beside the running sequences'; llama.cpp then finds no KV slot.)"""
+        return self.kv_unified and self.keeps_prefixes
+
+    @property
+    def cuts_back(self) -> bool:
+        """Whether a sequence can be cut back to a prefix and decoding resumed there: no
+        recurrent state. (Where a sliding window dropped the cells a position needs,
+        :meth:`resumable` says how far.)"""
+        model = self._model
+        return not (llama_cpp.llama_model_is_recurrent(model)
+                    or llama_cpp.llama_model_is_hybrid(model))
+
+    @property
+    def keeps_prefixes(self) -> bool:
+        """Whether a sequence's prefix stays whole as it grows: full attention, or a sliding
+        window loaded with ``swa_full`` (else the window drops a sequence's older cells), and
+        no recurrent state (which cannot be cut back to a prefix)."""
+        model = self._model
+        return not ((llama_cpp.llama_model_n_swa(model) > 0 and not self.swa_full)
+                    or llama_cpp.llama_model_is_recurrent(model)
+                    or llama_cpp.llama_model_is_hybrid(model))
+
+    def resumable(self, seq_id: int, n: int) -> int:
+        """How many of the first ``n`` positions ``seq_id`` holds can be kept and decoding
+        resumed after them exactly: ``n``; where a sliding window has dropped cells the
+        next position attends to, the end of the sequence's window checkpoint if that is
+        within ``n`` (cutting the sequence back there, or copying that prefix out of it,
+        restores the window: ``WindowCheckpoints`` in :mod:`chatkit.engine.kvseqs`), else 0."""
+        if self._window_intact(seq_id, n):
+            return max(0, n)
+        saved = self._windows.at(seq_id) if self._windows is not None else None
+        return saved if saved is not None and 0 < saved <= n else 0
+
+    def _window_intact(self, seq_id: int, n: int) -> bool:
+        """Whether ``seq_id`` holds the window's ``n_swa`` positions before ``n``.
+        llama.cpp keeps every position from a sequence's lowest to its highest (in the
+        window layers; the lowest reported is theirs), so the lowest one held says it."""
+        window = int(llama_cpp.llama_model_n_swa(self._model))
+        if n <= 0 or window <= 0:
+            return True
+        lowest = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id))
+        return 0 <= lowest <= max(0, n - window)
+
+    def checkpoint(self, seq_id: int, pos: int) -> None:
+        """A prompt's prefill ended at ``pos`` in ``seq_id``: on a sliding-window model
+        without ``swa_full``, save the window there (one per sequence; a later turn that
+        repeats the prompt resumes there whatever the reply pushed out). A no-op
+        elsewhere. Costs a copy of the window's cells."""
+        if self._windows is not None:
+            self._windows.save(seq_id, pos)
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
+
+        Only with a unified KV cache: llama.cpp aborts the process on a partial copy
+        between per-sequence streams, so that is ``InvalidParameter`` here."""
+        if not self.kv_unified:
+            raise InvalidParameter("seq_cp", "needs a unified KV cache (kv_unified=True)")
+        self.leases.touched((dst,))
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+        if self._windows is not None:  # a prefix ending at src's checkpoint: its window
+            self._windows.after_cp(src, dst, p1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position held for the sequence, -1 when empty."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def clear(self) -> None:
+        """Drop every sequence from the KV cache (and forget their owners)."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self.leases.forget_owners()
+        if self._windows is not None:
+            self._windows.forget()
+
+    def acquire_seq(self, owner: int, preferred: int | None = None, *,
+                    wait: float | None = None) -> tuple[int, bool]:
+        """Lease a KV sequence to ``owner`` (e.g. a conversation's id) for one turn.
+
+        Returns ``(seq_id, kept)``: ``kept`` is True when ``preferred`` still
+        holds this owner's cached tokens. Otherwise an unowned sequence, else
+        the least recently used idle one, is cleared and handed over. When every
+        sequence is busy, waits up to ``wait`` seconds (default ``seq_wait``) for one
+        to be released (other threads' turns keep running meanwhile), then raises
+        ``EngineBusy``; ``wait=0`` does not wait.
+        """
+        return self.leases.acquire(owner, preferred, self.seq_wait if wait is None else wait)
+
+    def lease_seq(self, owner: int, preferred: int | None, prompt: Sequence[int], *,
+                  min_shared: int = 1, cells: int = 0, wait: float | None = None
+                  ) -> tuple[int, list[int] | None]:
+        """As :meth:`acquire_seq`, for a turn that evaluates ``prompt``: ``(seq_id, held)``,
+        ``held`` None when ``preferred`` still holds the owner's own tokens, else the prompt
+        prefix the sequence now holds. On a miss, the idle sequence whose tokens (as its last
+        ``release_seq(seq, holds)`` recorded them) share the longest prefix with ``prompt``,
+        ``min_shared`` tokens at least, gives it: copied (``copies_prefixes``), or else that
+        sequence itself is trimmed and handed over when that evicts nothing a plain lease
+        would keep. Routing a request to the cache that shares most of its prompt.
+        ``cells``: the most the turn will fill (prompt, reply and drafts; 0: ``n_ctx_seq``),
+        which the room kept for cache sequences' prefixes leaves free."""
+        return self.leases.lease(owner, preferred, prompt, min_shared=min_shared, cells=cells,
+                                  wait=self.seq_wait if wait is None else wait)
+
+    def free_seqs(self) -> int:
+        """How many KV sequences are not leased right now."""
+        return self.leases.free()
+
+    def release_seq(self, seq_id: int, holds: Sequence[int] | None = None) -> None:
+        """End a lease; the sequence keeps its tokens for the owner's next turn. ``holds``:
+        exactly the tokens it holds now, which lets another owner's turn start from them
+        (``lease_seq``); None when not known."""
+        self.leases.release(seq_id, holds)
+
+    def release_seq_owner(self, owner: int) -> None:
+        """Forget an owner (it is gone): its sequences become free to reuse."""
+        self.leases.release_owner(owner)

@@ -16,7 +16,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,14 +28,14 @@ from ..errors import DecodeError, InvalidParameter, ModelLoadError
 from .backends import SPLIT_MODES, BuildInfo, Placement, plan_placement
 from .coldstart.llg_prebuild import TokenizerPrebuild
 from .compute import run_on_compute
-from .kvseqs import LeasesSequences, SeqLeases, WindowCheckpoints
+from .delegate import Lent, LentValue
+from .kvseqs import KVCells
 from .llama_log import build_info, forget_lines, last_error
 from .lowlevel import llama_cpp
-from .protocols import SAFE_PREFILL_CHUNK, SeqChunk
+from .protocols import SAFE_PREFILL_CHUNK, IncrementalDetokenizer, SeqChunk
 from .vocab import LLG_SLICES as LLG_SLICES
 from .vocab import Vocab, checked_gguf
 from .vocab import default_model_path as default_model_path
-from .vocab_holder import HoldsVocabulary
 
 __all__ = ["Model", "Placement", "build_info"]
 
@@ -185,126 +185,66 @@ def _open(path: Path, mparams: Any, cparams: Any,
     return model, ctx, None
 
 
-class KVCells:
-    """A llama.cpp context's KV cells by sequence: removed, copied, asked what they hold
-    (the part of :class:`Model` that edits its memory)."""
-
-    _model: Any
-    _mem: Any
-    _leases: SeqLeases
-    _windows: WindowCheckpoints | None
-    kv_unified: bool
-    swa_full: bool
-
-    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
-        """Remove positions [p0, p1) of a sequence (p1=-1: to the end)."""
-        self._leases.touched((seq_id,))
-        if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
-            raise DecodeError(-1, f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
-        if self._windows is not None:  # cut back to a prompt's end: its window restored
-            self._windows.after_rm(seq_id, p0, p1)
-
-    @property
-    def copies_prefixes(self) -> bool:
-        """Whether a prompt prefix can be copied between sequences and read back exactly:
-        one KV pool and :attr:`keeps_prefixes`. (Not a sliding window without ``swa_full``
-        on one pool: there the window layers' cells are too few for the copies' windows
-        beside the running sequences'; llama.cpp then finds no KV slot.)"""
-        return self.kv_unified and self.keeps_prefixes
-
-    @property
-    def cuts_back(self) -> bool:
-        """Whether a sequence can be cut back to a prefix and decoding resumed there: no
-        recurrent state. (Where a sliding window dropped the cells a position needs,
-        :meth:`resumable` says how far.)"""
-        model = self._model
-        return not (llama_cpp.llama_model_is_recurrent(model)
-                    or llama_cpp.llama_model_is_hybrid(model))
-
-    @property
-    def keeps_prefixes(self) -> bool:
-        """Whether a sequence's prefix stays whole as it grows: full attention, or a sliding
-        window loaded with ``swa_full`` (else the window drops a sequence's older cells), and
-        no recurrent state (which cannot be cut back to a prefix)."""
-        model = self._model
-        return not ((llama_cpp.llama_model_n_swa(model) > 0 and not self.swa_full)
-                    or llama_cpp.llama_model_is_recurrent(model)
-                    or llama_cpp.llama_model_is_hybrid(model))
-
-    def resumable(self, seq_id: int, n: int) -> int:
-        """How many of the first ``n`` positions ``seq_id`` holds can be kept and decoding
-        resumed after them exactly: ``n``; where a sliding window has dropped cells the
-        next position attends to, the end of the sequence's window checkpoint if that is
-        within ``n`` (cutting the sequence back there, or copying that prefix out of it,
-        restores the window: ``WindowCheckpoints`` in :mod:`chatkit.engine.kvseqs`), else 0."""
-        if self._window_intact(seq_id, n):
-            return max(0, n)
-        saved = self._windows.at(seq_id) if self._windows is not None else None
-        return saved if saved is not None and 0 < saved <= n else 0
-
-    def _window_intact(self, seq_id: int, n: int) -> bool:
-        """Whether ``seq_id`` holds the window's ``n_swa`` positions before ``n``.
-        llama.cpp keeps every position from a sequence's lowest to its highest (in the
-        window layers; the lowest reported is theirs), so the lowest one held says it."""
-        window = int(llama_cpp.llama_model_n_swa(self._model))
-        if n <= 0 or window <= 0:
-            return True
-        lowest = int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id))
-        return 0 <= lowest <= max(0, n - window)
-
-    def checkpoint(self, seq_id: int, pos: int) -> None:
-        """A prompt's prefill ended at ``pos`` in ``seq_id``: on a sliding-window model
-        without ``swa_full``, save the window there (one per sequence; a later turn that
-        repeats the prompt resumes there whatever the reply pushed out). A no-op
-        elsewhere. Costs a copy of the window's cells."""
-        if self._windows is not None:
-            self._windows.save(seq_id, pos)
-
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        """Make positions [p0, p1) of ``src`` also belong to ``dst`` (no recompute).
-
-        Only with a unified KV cache: llama.cpp aborts the process on a partial copy
-        between per-sequence streams, so that is ``InvalidParameter`` here."""
-        if not self.kv_unified:
-            raise InvalidParameter("seq_cp", "needs a unified KV cache (kv_unified=True)")
-        self._leases.touched((dst,))
-        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
-        if self._windows is not None:  # a prefix ending at src's checkpoint: its window
-            self._windows.after_cp(src, dst, p1)
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        """Largest position held for the sequence, -1 when empty."""
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
-
-    def clear(self) -> None:
-        """Drop every sequence from the KV cache (and forget their owners)."""
-        llama_cpp.llama_memory_clear(self._mem, True)
-        self._leases.forget_owners()
-        if self._windows is not None:
-            self._windows.forget()
-
-
-class Model(KVCells, LeasesSequences, HoldsVocabulary):
+class Model:
     """A loaded GGUF with one llama.cpp context and ``n_seq_max`` KV sequences.
 
-    Create with :meth:`Model.load`. Its vocabulary (``vocab``) gives the vocabulary size
-    (the logits row length, padding included), special ids and the GGUF's chat template,
-    copied here. Free with :meth:`close` (also on garbage collection).
+    Create with :meth:`Model.load`. Composed of its vocabulary (``vocab``: the vocabulary
+    size, the logits row length with padding, special ids and the GGUF's chat template,
+    copied here) and its KV cells and sequence leases (``kv``), whose methods it lends as its
+    own (``model.tokenize``, ``model.lease_seq``, ...). Free with :meth:`close` (also on
+    garbage collection).
     """
 
     vocab: Vocab
+    kv: KVCells
+
+    # the vocabulary's, lent
+    name: LentValue[str] = LentValue("vocab")
+    """The vocabulary's name (its model file's)."""
+    tokenize = Lent("vocab", Vocab.tokenize)
+    detokenize = Lent("vocab", Vocab.detokenize)
+    detokenize_bytes = Lent("vocab", Vocab.detokenize_bytes)
+    token_bytes = Lent("vocab", Vocab.token_bytes)
+    token_attr = Lent("vocab", Vocab.token_attr)
+    is_control = Lent("vocab", Vocab.is_control)
+    is_eog = Lent("vocab", Vocab.is_eog)
+    llg_tokenizer = Lent("vocab", Vocab.llg_tokenizer)
+    special_texts = Lent("vocab", Vocab.special_texts)
+    content_special_ids = Lent("vocab", Vocab.content_special_ids)
+    grammar_token_words = Lent("vocab", Vocab.grammar_token_words)
+    cache = Lent("vocab", Vocab.cache)
+    # the KV cells' and sequence leases', lent
+    kv_unified: LentValue[bool] = LentValue("kv")
+    swa_full: LentValue[bool] = LentValue("kv")
+    seq_wait: LentValue[float] = LentValue("kv")
+    copies_prefixes: LentValue[bool] = LentValue("kv")
+    cuts_back: LentValue[bool] = LentValue("kv")
+    keeps_prefixes: LentValue[bool] = LentValue("kv")
+    seq_rm = Lent("kv", KVCells.seq_rm)
+    seq_cp = Lent("kv", KVCells.seq_cp)
+    seq_pos_max = Lent("kv", KVCells.seq_pos_max)
+    resumable = Lent("kv", KVCells.resumable)
+    checkpoint = Lent("kv", KVCells.checkpoint)
+    clear = Lent("kv", KVCells.clear)
+    acquire_seq = Lent("kv", KVCells.acquire_seq)
+    lease_seq = Lent("kv", KVCells.lease_seq)
+    free_seqs = Lent("kv", KVCells.free_seqs)
+    release_seq = Lent("kv", KVCells.release_seq)
+    release_seq_owner = Lent("kv", KVCells.release_seq_owner)
 
     def __init__(self, path: Path, model: int, ctx: int, *, n_batch: int,
                  n_seq_max: int, cache_seqs: int = 0, kv_unified: bool = True,
                  swa_full: bool = False) -> None:
         self.path = path
-        self.swa_full = swa_full
-        """A sliding-window model's window layers keep every cell (llama.cpp's
-        ``swa_full``), so sequences keep their prefixes (:attr:`keeps_prefixes`)."""
         self._model: int | None = model
         self._ctx: int | None = ctx
-        self._hold(Vocab(path, model, owned=False))
-        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.vocab = vocab = Vocab(path, model, owned=False)
+        self.n_vocab = vocab.n_vocab
+        """Length of a logits row (padding ids included)."""
+        self.bos_id, self.eos_id, self.eot_id = vocab.bos_id, vocab.eos_id, vocab.eot_id
+        self.add_bos = vocab.add_bos
+        self.chat_template = vocab.chat_template
+        """The model's own Jinja chat template, when it ships one."""
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))  # llama.cpp may round up
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
         """Cells one sequence can hold: n_ctx with a unified KV cache, else its share."""
@@ -315,8 +255,6 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
         """Sequence ids of the context: ``n_seq_max`` plus the ``cache_seqs`` that only keep
         prefixes for later turns."""
         self.n_threads = os.cpu_count() or 1
-        self.kv_unified = kv_unified
-        """One KV pool for every sequence (prefix copies); else a stream per sequence."""
         self.placement = Placement(n_gpu_layers=0, on_gpu=False, main_gpu=0,
                                    split_mode="layer", flash_attn=None, offload_kqv=True,
                                    extra_buffer_types=True, reason="not recorded")
@@ -326,21 +264,12 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
         """Held for every llama.cpp call sequence that must not interleave (a decode
         and the reading of its logits rows)."""
         self.stats = _Stats()
-        self.seq_wait = 60.0
-        """Seconds a turn waits for a free KV sequence before ``EngineBusy``."""
-        self._windows = (WindowCheckpoints(ctx, self._window_intact)
-                         if llama_cpp.llama_model_n_swa(model) > 0 and not swa_full
-                         and self.cuts_back else None)
-        """A sliding window's checkpoints at each prompt's end (:meth:`checkpoint`)."""
-        self._leases = SeqLeases(self.n_seq_ids, self.lock, self.seq_rm,
-                                 self.seq_cp if self.copies_prefixes else None,
-                                 max_busy=n_seq_max, seq_len=lambda s: self.seq_pos_max(s) + 1,
-                                 resumable=self.resumable)
-        # a window's cells are checked by resumable(); not on one pool (copies_prefixes)
-        self._leases.routes = self.keeps_prefixes or (self.cuts_back and not kv_unified)
         if cache_seqs:  # each lease keeps to its share; idle prefixes fill the rest
             self.n_ctx_seq = self.n_ctx // n_seq_max
-            self._leases.room = (lambda: self.n_ctx, lambda: self.n_ctx_seq)
+        self.kv = KVCells(model, ctx, self.lock, n_seq_ids=self.n_seq_ids, n_seq_max=n_seq_max,
+                          kv_unified=kv_unified, swa_full=swa_full,
+                          room=(lambda: self.n_ctx, lambda: self.n_ctx_seq) if cache_seqs
+                          else None)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -432,23 +361,9 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
     def __repr__(self) -> str:
         return f"Model({self.path.name!r}, n_vocab={self.n_vocab}, n_ctx={self.n_ctx})"
 
-    def cache(self, key: Hashable, build: Callable[[], V]) -> V:
-        """Memoise ``build()`` under ``key`` for the lifetime of this model (unbounded: see
-        :meth:`chatkit.engine.vocab.Vocab.cache`)."""
-        return self.vocab.cache(key, build)
-
-    # ------------------------------------------------------------- vocabulary
-    def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, EOT and their kin)."""
-        return self.vocab.is_eog(token)
-
-    def token_attr(self, token: int) -> int:
-        """llama.cpp's attribute bits of one token."""
-        return self.vocab.token_attr(token)
-
-    def detokenize_bytes(self, ids: Sequence[int]) -> bytes:
-        """Byte-exact concatenation of the tokens' bytes."""
-        return self.vocab.detokenize_bytes(ids)
+    def incremental_detokenizer(self) -> IncrementalDetokenizer:
+        """A streaming decoder that never splits a UTF-8 character across deltas."""
+        return IncrementalDetokenizer(self.vocab)
 
     # ------------------------------------------------------------------ decode
     def decode(self, chunks: Sequence[SeqChunk]) -> list[NDArray[np.float32]]:
@@ -467,7 +382,7 @@ class Model(KVCells, LeasesSequences, HoldsVocabulary):
             raise InvalidParameter("chunks", f"{total} tokens exceed n_batch={self.n_batch}")
         b = self._batch
         wanted = _fill_batch(b, chunks, self.n_seq_ids)
-        self._leases.touched(c.seq_id for c in chunks)
+        self.kv.leases.touched(c.seq_id for c in chunks)
         b.n_tokens = total
         status = run_on_compute(_llama_decode, self._ctx, b)
         if status != 0:
