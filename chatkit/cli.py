@@ -337,6 +337,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _apply_grammar_limits(args)
     template = _serve_template(args)
+    sizing.check_flags(args.kv, reproducible=args.reproducible, cache_seqs=args.cache_seqs)
     ctx_per_seq, sized = sizing.ctx_per_seq(args.model, ctx_per_seq=args.ctx_per_seq,
                                             n_ctx=args.n_ctx, n_seq_max=args.n_seq_max)
     layout = sizing.kv_layout(args.kv, reproducible=args.reproducible,
@@ -471,8 +472,8 @@ def _add_serve(sub: Any) -> None:
                      help="context tokens of each sequence (default: the model's training "
                           "context, as far as half the available memory holds its KV cache)")
     srv.add_argument("--n-ctx", type=_positive_int, default=None,
-                     help="context tokens in all, shared by the sequences (default: "
-                          "--n-seq-max x --ctx-per-seq)")
+                     help="context tokens in all, shared by the sequences, instead of "
+                          "--ctx-per-seq (default: --n-seq-max x --ctx-per-seq)")
     srv.add_argument("--n-seq-max", type=_positive_int, default=4,
                      help="KV sequences: turns decoded together")
     srv.add_argument("--cache-seqs", type=_non_negative_int, default=None,

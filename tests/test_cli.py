@@ -167,6 +167,20 @@ def test_refusals_by_name_and_exit_code(args: list[str], code: int, name: str) -
         assert "--regex" in line and "--json-schema" in line
 
 
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--kv", "pool", "--reproducible"], "--reproducible"),
+    (["--reproducible", "--cache-seqs", "2"], "--cache-seqs"),
+    (["--kv", "streams", "--cache-seqs", "2"], "--cache-seqs"),
+    (["--ctx-per-seq", "4096", "--n-ctx", "131072"], "--n-ctx"),
+])
+def test_serve_refuses_layout_flags_before_it_reads_the_model(args: list[str],
+                                                               flag: str) -> None:
+    # the model path does not exist: the flags are what is refused, by name
+    proc = chatkit("serve", "--model", "/nonexistent/model.gguf", *args)
+    assert proc.returncode == USAGE_EXIT, proc.stderr
+    assert flag in one_line(proc, "UsageError")
+
+
 def test_the_grammar_limit_flag_is_what_refuses() -> None:
     proc = chatkit("run", "--prompt", "Write an email.", "--regex",
                    "[a-z]{1,20}@[a-z]{1,20}\\.com", "--max-tokens", "20")

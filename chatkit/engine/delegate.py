@@ -41,7 +41,8 @@ class Lent(Generic[P, R]):
 
 class LentValue(Generic[T]):
     """``copies_prefixes: LentValue[bool] = LentValue("kv")``: ``obj.copies_prefixes`` reads
-    (and assigning it writes) ``obj.kv.copies_prefixes``, a property's or an attribute's."""
+    ``obj.kv.copies_prefixes``; assigning it writes there too, so what the member keeps
+    read-only (a property without a setter) stays so (``AttributeError``)."""
 
     def __init__(self, member: str) -> None:
         self.member = member

@@ -4,7 +4,8 @@ Built on llama-cpp-python's low-level API only: ``llama_decode`` with an
 explicit batch (tokens of one or more sequences in one call), logits rows
 read as numpy views, KV sequences edited with ``llama_memory_seq_rm``/``_cp``.
 The vocabulary is a :class:`chatkit.engine.vocab.Vocab` over the same weights
-(``model.vocab``), KV sequence leases a :class:`chatkit.engine.kvseqs.SeqLeases`.
+(``model.vocab``), the KV cells and their sequence leases a
+:class:`chatkit.engine.kvseqs.KVCells` (``model.kv``).
 
 A Model is not thread-safe: one thread drives it at a time (the async
 drivers serialise through a per-model capacity limiter).
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,7 +40,6 @@ from .vocab import default_model_path as default_model_path
 
 __all__ = ["Model", "Placement", "build_info"]
 
-V = TypeVar("V")
 
 MIN_N_CTX = 64
 """Smallest context accepted: a chat template's markup alone takes tens of tokens."""
@@ -300,11 +300,11 @@ class Model:
         each lease then keeps to ``n_ctx / n_seq_max`` cells and idle sequences are emptied,
         least recently used first, before the pool could fill. ``swa_full``: a sliding-window
         model (Gemma 3) keeps every cell in its window layers (full attention's KV memory),
-        so prefixes can be kept and shared (``chatkit serve`` sets it). ``n_threads``: all.
-        ``progress(fraction)`` is called as the weights load (returning False cancels:
-        ``ModelLoadError``). Every parameter is checked (``InvalidParameter``) before
-        llama.cpp sees it. Raises ``ModelNotFound`` (default model not installed) or
-        ``ModelLoadError`` (missing, unreadable or corrupt file).
+        so prefixes can be kept and shared (``chatkit serve`` sets it with one KV pool).
+        ``n_threads``: all. ``progress(fraction)`` is called as the weights load (returning
+        False cancels: ``ModelLoadError``). Every parameter is checked
+        (``InvalidParameter``) before llama.cpp sees it. Raises ``ModelNotFound`` (default
+        model not installed) or ``ModelLoadError`` (missing, unreadable or corrupt file).
 
         Once the vocabulary is cached on disk (``CHATKIT_CACHE_DIR``), llguidance's
         end-of-turn tokenizer is built in a worker thread while llama.cpp loads, with

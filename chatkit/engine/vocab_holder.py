@@ -1,5 +1,5 @@
 """HoldsVocabulary: an engine's ``Vocabulary`` side, by delegation to the vocabulary it holds
-(a local ``Model``'s own, or the one a ``RemoteEngine`` is given)."""
+(the one a ``RemoteEngine`` is given; a local ``Model`` lends its own, engine/delegate.py)."""
 
 from __future__ import annotations
 

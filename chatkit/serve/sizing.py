@@ -59,8 +59,7 @@ def kv_layout(kv: str | None, *, reproducible: bool, cache_seqs: int | None,
     ``--reproducible`` and ``--cache-seqs`` (None: as many as ``n_seq_max``, at most 256
     sequence ids in all). ``UsageError`` for flags that do not go together: ``--kv pool``
     with ``--reproducible``, cache sequences beside a stream per sequence."""
-    if reproducible and kv == "pool":
-        raise UsageError("--reproducible is a KV stream per sequence, not --kv pool")
+    check_flags(kv, reproducible=reproducible, cache_seqs=cache_seqs)
     if kv is None:
         kv = "streams" if reproducible or ctx_per_seq > POOL_MAX_CTX_PER_SEQ else "pool"
         why = ("--reproducible" if reproducible else
@@ -70,8 +69,9 @@ def kv_layout(kv: str | None, *, reproducible: bool, cache_seqs: int | None,
         why = f"--kv {kv}"
     if kv == "streams":
         if cache_seqs:
-            raise UsageError("--cache-seqs keeps prompts in one KV pool (--kv pool); with a "
-                             "stream per sequence each would take a sequence's share")
+            raise UsageError(f"--cache-seqs keeps prompts in one KV pool, and above "
+                             f"{POOL_MAX_CTX_PER_SEQ} tokens a sequence (here {ctx_per_seq}) "
+                             f"the default is a stream per sequence: --kv pool sets one pool")
         return KVLayout(False, 0, False, reproducible,
                         f"a stream per sequence ({why}): no prefix copies between requests")
     cache = cache_seqs if cache_seqs is not None else min(n_seq_max, max(0, 256 - n_seq_max))
@@ -80,13 +80,29 @@ def kv_layout(kv: str | None, *, reproducible: bool, cache_seqs: int | None,
                     f"sequences")
 
 
+def check_flags(kv: str | None, *, reproducible: bool, cache_seqs: int | None) -> None:
+    """``UsageError`` for layout flags that do not go together whatever the context:
+    ``--kv pool`` with ``--reproducible``, ``--cache-seqs`` with ``--kv streams`` or
+    ``--reproducible`` (checked before the model is read, so a refusal names the flags)."""
+    if reproducible and kv == "pool":
+        raise UsageError("--reproducible is a KV stream per sequence, not --kv pool")
+    if cache_seqs and (kv == "streams" or reproducible):
+        raise UsageError("--cache-seqs keeps prompts in one KV pool (--kv pool, without "
+                         "--reproducible); with a stream per sequence each would take a "
+                         "sequence's share")
+
+
 def ctx_per_seq(model: str | None, *, ctx_per_seq: int | None, n_ctx: int | None,
                 n_seq_max: int) -> tuple[int, str]:
     """Each sequence's context and where it came from: ``--ctx-per-seq``, else ``--n-ctx``'s
     share, else the model's training context, shrunk (to a multiple of 256, at least 2048)
     until the f16 KV cache of ``n_seq_max`` sequences takes at most ``KV_MEMORY_SHARE`` of
     the available memory. Reads the GGUF's header (``model``: a path, or None for the
-    embedded default)."""
+    embedded default). ``UsageError`` for both ``--ctx-per-seq`` and ``--n-ctx`` (one
+    context, said two ways)."""
+    if ctx_per_seq is not None and n_ctx is not None:
+        raise UsageError("give --ctx-per-seq (each sequence's context) or --n-ctx (all "
+                         "sequences' together), not both")
     if ctx_per_seq is not None:
         return ctx_per_seq, "--ctx-per-seq"
     if n_ctx is not None:
