@@ -358,3 +358,34 @@ def test_a_stop_string_inside_a_draft_ends_the_reply_as_plain_decoding_does(smol
         looped = (ticket.reply.text, ticket.reply.usage.completion_tokens,
                   ticket.reply.finish_reason)
         assert run(stop, speculative=True) == run(stop) == looped, stop
+
+
+def test_the_loop_drafts_past_the_exact_regime_only_when_not_reproducible() -> None:
+    """On a KV stream per sequence the loop keeps verify steps below ``SAFE_VERIFY_KV``
+    cells (each reply bitwise the plain one), so a prompt longer than that drafts nothing;
+    with ``reproducible`` off (``chatkit serve`` on long contexts, where steps already
+    change the last bits) its drafts are verified at any length."""
+    from chatkit import Conversation, engine_loop
+    from chatkit.engine.protocols import SAFE_VERIFY_KV
+    from tests.helpers import VERDICT_MAX_TOKENS, Verdict
+
+    model = Model.load(n_ctx=4096, n_seq_max=2, kv_unified=False)
+    try:
+        loop = engine_loop(model)
+        assert loop.reproducible
+        system = "You judge claims. " * 40
+        conv = Conversation(model, system=system)
+        turn = conv.plan("Judge: water is wet.", Verdict, max_tokens=VERDICT_MAX_TOKENS,
+                         speculative=True)
+        exact = loop.submit(turn)
+        "".join(exact.deltas())
+        assert exact.reply is not None and exact.reply.usage.prompt_tokens > SAFE_VERIFY_KV
+        assert exact.reply.usage.accepted_draft_tokens == 0
+        loop.reproducible = False
+        turn = Conversation(model, system=system).plan(
+            "Judge: water is wet.", Verdict, max_tokens=VERDICT_MAX_TOKENS, speculative=True)
+        free = loop.submit(turn)
+        "".join(free.deltas())
+        assert free.reply is not None and free.reply.usage.accepted_draft_tokens > 0
+    finally:
+        model.close()

@@ -282,8 +282,9 @@ class EngineLoop:
         self.reproducible = not engine.kv_unified
         """Steps keep to ``STEP_ROWS`` rows, where each reply equals the same reply sent
         alone (a KV stream per sequence; the default there). False: a prompt is prefilled
-        in steps of up to ``n_batch`` rows while no turn decodes (``chatkit serve`` with a
-        stream per sequence and no ``--reproducible``). Never True on one pool."""
+        in steps of up to ``n_batch`` rows while no turn decodes, and speculative turns
+        draft at any length, not only below ``SAFE_VERIFY_KV`` cells (``chatkit serve``
+        with a stream per sequence and no ``--reproducible``). Never True on one pool."""
 
     @property
     def queued(self) -> int:
@@ -435,7 +436,7 @@ class EngineLoop:
             drafts //= 2
         for t in decoding:
             try:
-                c = t.turn.chunk(max_draft=drafts)
+                c = t.turn.chunk(max_draft=drafts, exact=self.reproducible)
             except Exception as exc:  # its grammar failed while drafting: that turn alone
                 self._fail(t, exc)
                 continue

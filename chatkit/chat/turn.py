@@ -297,16 +297,20 @@ class Turn(TurnView):
         """Batch drivers: ``n`` prompt tokens were copied in from a sibling sequence."""
         self.decoder.adopt_prefix(n)
 
-    def chunk(self, max_draft: int = SPEC_K) -> SeqChunk | None:
+    def chunk(self, max_draft: int = SPEC_K, *, exact: bool | None = None) -> SeqChunk | None:
         """Batch drivers: the evaluation the next step needs (None when done). A speculative
         turn's is a verify step when its source drafts (at most ``max_draft`` tokens; logits
         ``"all"``: pass the rows to :meth:`verify`), else the plain step (one row:
-        :meth:`advance`). With one KV pool (``kv_unified``), where a step's other rows
-        already change the last bits, drafts are not limited to ``SAFE_VERIFY_KV`` cells."""
+        :meth:`advance`). ``exact``: drafts only while the sequence holds fewer than
+        ``SAFE_VERIFY_KV`` cells, where a verify step's logits equal plain steps' bit for bit;
+        the driver says False where a step's other rows already change the last bits (its
+        steps are not kept reproducible); None: exact unless one KV pool (``kv_unified``)."""
         d = self.decoder
         if self.draft is None or d.done or max_draft <= 0:
             return d.chunk()
-        max_kv = None if getattr(self.engine, "kv_unified", False) else SAFE_VERIFY_KV
+        if exact is None:
+            exact = not getattr(self.engine, "kv_unified", False)
+        max_kv = SAFE_VERIFY_KV if exact else None
         draft = propose(d, self.draft, min(SPEC_K, max_draft), self.gate, max_kv=max_kv)
         if not draft:
             self._verifying = None
