@@ -298,13 +298,11 @@ class Turn(TurnView):
         self.decoder.adopt_prefix(n)
 
     def chunk(self, max_draft: int = SPEC_K, *, exact: bool | None = None) -> SeqChunk | None:
-        """Batch drivers: the evaluation the next step needs (None when done). A speculative
-        turn's is a verify step when its source drafts (at most ``max_draft`` tokens; logits
-        ``"all"``: pass the rows to :meth:`verify`), else the plain step (one row:
-        :meth:`advance`). ``exact``: drafts only while the sequence holds fewer than
-        ``SAFE_VERIFY_KV`` cells, where a verify step's logits equal plain steps' bit for bit;
-        the driver says False where a step's other rows already change the last bits (its
-        steps are not kept reproducible); None: exact unless one KV pool (``kv_unified``)."""
+        """Batch drivers: the next step's evaluation (None when done): a speculative turn's
+        verify step when its source drafts (at most ``max_draft`` tokens; logits ``"all"``,
+        for :meth:`verify`), else the plain step (one row: :meth:`advance`). ``exact``:
+        drafts only below ``SAFE_VERIFY_KV`` cells, where verify logits equal plain steps'
+        bit for bit (None: unless one KV pool, whose steps change the last bits anyway)."""
         d = self.decoder
         if self.draft is None or d.done or max_draft <= 0:
             return d.chunk()
