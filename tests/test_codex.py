@@ -4,7 +4,10 @@ Responses API with a custom provider (docs/serving.md, "Codex CLI"): the model's
 shell, sends the ``function_call_output`` back, and the next request is served.
 
 What is proven is the protocol, not the 270M model's judgement: Codex's ``goals`` and
-``multi_agent`` tools are turned off so that the shell tool is the likely call; a session
+``multi_agent`` tools are turned off and its long base instructions replaced by three
+sentences (``model_instructions_file``) so that the shell tool is the likely call (under
+Codex's own instructions the tiny model may call ``request_user_input`` or write text
+until the deadline, whatever the server does); a session
 is judged once Codex has run two commands the model called (the second one's request
 carried the first one's output), with no API error on the way. The tiny model does not
 know when to stop calling, so the session is then ended here; one that ends by itself
@@ -29,6 +32,9 @@ from tests.helpers import free_port, wait_until_serving
 pytestmark = [pytest.mark.codex, pytest.mark.gemma]
 CODEX = os.environ.get("CHATKIT_CODEX") or shutil.which("codex")
 DEADLINE = 900.0
+INSTRUCTIONS = ("You are a coding agent with a shell. To run a command, call the exec_command "
+                "tool with the command in `cmd`, exactly as the user wrote it. After it has "
+                "run, say in one sentence what it printed.\n")
 
 
 @pytest.mark.skipif(CODEX is None, reason="Codex CLI not installed (CHATKIT_CODEX)")
@@ -36,7 +42,9 @@ def test_codex_runs_the_shell_commands_the_model_calls(tmp_path: Path) -> None:
     port = free_port()
     home = tmp_path / "codex"
     home.mkdir()
+    (home / "instructions.md").write_text(INSTRUCTIONS)
     (home / "config.toml").write_text(
+        f'model_instructions_file = "{home / "instructions.md"}"\n'
         'model = "gemma"\nmodel_provider = "chatkit"\napproval_policy = "never"\n'
         'sandbox_mode = "danger-full-access"\n[model_providers.chatkit]\nname = "chatkit"\n'
         f'base_url = "http://127.0.0.1:{port}/v1"\nwire_api = "responses"\n'
