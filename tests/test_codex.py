@@ -7,22 +7,26 @@ What is proven is the protocol, not the 270M model's judgement: Codex's ``goals`
 ``multi_agent`` tools are turned off and its long base instructions replaced by three
 sentences (``model_instructions_file``) so that the shell tool is the likely call (under
 Codex's own instructions the tiny model may call ``request_user_input`` or write text
-until the deadline, whatever the server does); a session
-is judged once Codex has run two commands the model called (the second one's request
-carried the first one's output), with no API error on the way. The tiny model does not
+until the deadline, whatever the server does). A session where the model answers in text
+without a call is tried again (``SESSIONS``); the first with a command is judged once Codex
+has run two commands the model called (the second one's request carried the first one's
+output), with no API error in any session. The tiny model does not
 know when to stop calling, so the session is then ended here; one that ends by itself
 must end with ``turn.completed``. Marked ``codex``: skipped unless the CLI is found
 (``CHATKIT_CODEX``, else ``codex`` on PATH)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,10 +35,51 @@ from tests.helpers import free_port, wait_until_serving
 
 pytestmark = [pytest.mark.codex, pytest.mark.gemma]
 CODEX = os.environ.get("CHATKIT_CODEX") or shutil.which("codex")
-DEADLINE = 900.0
+DEADLINE = 300.0
+"""Seconds one session may take (then Codex is ended)."""
+SESSIONS = 3
+"""Sessions tried until the model calls the shell tool (the tiny model may answer in text at
+once, which proves nothing about the protocol; the first session with a command is judged)."""
 INSTRUCTIONS = ("You are a coding agent with a shell. To run a command, call the exec_command "
                 "tool with the command in `cmd`, exactly as the user wrote it. After it has "
                 "run, say in one sentence what it printed.\n")
+
+
+def _commands(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "item.completed"
+            and isinstance(e.get("item"), dict) and e["item"].get("type") == "command_execution"]
+
+
+def _session(home: Path, cwd: Path) -> list[dict[str, Any]]:
+    """One ``codex exec``: its JSON events until it ends, the model has called two
+    commands, or ``DEADLINE`` passes (Codex and its commands are then ended)."""
+    assert CODEX is not None
+    client = subprocess.Popen(
+        [CODEX, "exec", "--skip-git-repo-check", "--json", "--disable", "goals",
+         "--disable", "multi_agent", "Run the shell command: echo hello-from-codex"],
+        env={**os.environ, "CODEX_HOME": str(home), "CHATKIT_KEY": "local"},
+        cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert client.stdout is not None
+
+    def end() -> None:  # Codex, and any command the model started that has not returned
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(client.pid, signal.SIGTERM)
+
+    watchdog = threading.Timer(DEADLINE, end)  # a command that never returns prints nothing
+    watchdog.start()
+    events: list[dict[str, Any]] = []
+    try:
+        for line in client.stdout:
+            events.append(json.loads(line))
+            if len(_commands(events)) >= 2:
+                break
+    finally:
+        watchdog.cancel()
+        end()
+        client.wait(timeout=60)
+        client.stdout.close()
+    return events
 
 
 @pytest.mark.skipif(CODEX is None, reason="Codex CLI not installed (CHATKIT_CODEX)")
@@ -53,36 +98,17 @@ def test_codex_runs_the_shell_commands_the_model_calls(tmp_path: Path) -> None:
         [str(Path(sys.executable).parent / "chatkit"), "serve", "--model", str(gemma_path()),
          "--name", "gemma", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    events: list[dict[str, object]] = []
+    sessions: list[list[dict[str, Any]]] = []
     try:
         wait_until_serving(f"http://127.0.0.1:{port}/health", server, timeout=300)
-        assert CODEX is not None
-        client = subprocess.Popen(
-            [CODEX, "exec", "--skip-git-repo-check", "--json", "--disable", "goals",
-             "--disable", "multi_agent", "Run the shell command: echo hello-from-codex"],
-            env={**os.environ, "CODEX_HOME": str(home), "CHATKIT_KEY": "local"},
-            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True)
-        assert client.stdout is not None
-        start, ran = time.monotonic(), 0
-        for line in client.stdout:
-            events.append(json.loads(line))
-            item = events[-1].get("item")
-            if events[-1]["type"] == "item.completed" and isinstance(item, dict) \
-                    and item.get("type") == "command_execution":
-                ran += 1
-            if ran >= 2 or time.monotonic() - start > DEADLINE:
-                break
-        client.terminate()
-        client.wait(timeout=60)
-        client.stdout.close()
+        while len(sessions) < SESSIONS and not (sessions and _commands(sessions[-1])):
+            sessions.append(_session(home, tmp_path))
     finally:
         server.terminate()
         server.wait(timeout=60)
-    failures = [e for e in events if e["type"] in ("error", "turn.failed")]
+    failures = [e for events in sessions for e in events if e["type"] in ("error", "turn.failed")]
     assert not failures, failures
-    ran_items = [e for e in events if e["type"] == "item.completed"
-                 and isinstance(e.get("item"), dict)
-                 and e["item"].get("type") == "command_execution"]  # type: ignore[union-attr]
+    events = sessions[-1]
+    ran = _commands(events)
     ended = any(e["type"] == "turn.completed" for e in events)
-    assert len(ran_items) >= 2 or (ran_items and ended), events[-5:]
+    assert len(ran) >= 2 or (ran and ended), events[-5:]
