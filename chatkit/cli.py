@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import ChatkitError, GrammarInvalid, InvalidParameter, SchemaInvalid, UsageError
-from .serve.sizing import POOL_MAX_CTX_PER_SEQ
+from .serve.sizing import POOL_MAX_CTX_PER_SEQ, KVLayout, flash_attn
 
 if TYPE_CHECKING:
     from .grammar.constraints import Constraint
@@ -256,7 +256,7 @@ def _placement(args: argparse.Namespace) -> dict[str, Any]:
     """Model.load's placement options from the command line (``_placement_flags``)."""
     return {"n_gpu_layers": args.n_gpu_layers, "main_gpu": args.main_gpu,
             "split_mode": args.split_mode, "tensor_split": args.tensor_split,
-            "flash_attn": {"auto": None, "on": True, "off": False}[args.flash_attn],
+            "flash_attn": {None: None, "auto": None, "on": True, "off": False}[args.flash_attn],
             "offload_kqv": not args.no_offload_kqv}
 
 
@@ -293,8 +293,9 @@ def _placement_flags(parser: argparse.ArgumentParser) -> None:
                         help="how layers spread over several GPUs (default: layer)")
     parser.add_argument("--tensor-split", type=_proportions, default=None,
                         help="proportion per GPU, comma-separated (e.g. 3,1)")
-    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
-                        help="flash attention (default: llama.cpp decides)")
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default=None,
+                        help="flash attention (default: llama.cpp decides; chatkit serve "
+                             "turns it off on the CPU for long contexts, docs/serving.md)")
     parser.add_argument("--no-offload-kqv", action="store_true",
                         help="keep the KV cache and attention on the CPU")
 
@@ -318,6 +319,21 @@ def _serve_template(args: argparse.Namespace) -> ChatTemplate | None:
     except OSError as exc:
         raise UsageError(f"--chat-template {path}: {exc.strerror or exc}") from None
     return ChatTemplate.from_string(source, name=path.stem)
+
+
+def _serve_flash_attn(args: argparse.Namespace, layout: KVLayout,
+                     ctx_per_seq: int) -> tuple[bool | None, str]:
+    """``--flash-attn``, or serve's own choice for ``layout`` (``sizing.flash_attn``)."""
+    from .engine.gguf_header import attention_heads
+    from .engine.llama_log import build_info
+    from .engine.vocab import checked_gguf
+
+    if args.flash_attn is not None:
+        return flash_attn(args.flash_attn, layout=layout, ctx_per_seq=ctx_per_seq,
+                          heads=None, on_gpu=False)
+    on_gpu = build_info().gpu_offload and args.n_gpu_layers != 0
+    return flash_attn(None, layout=layout, ctx_per_seq=ctx_per_seq,
+                      heads=attention_heads(checked_gguf(args.model)), on_gpu=on_gpu)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -344,10 +360,12 @@ def _serve(args: argparse.Namespace) -> int:
                               cache_seqs=args.cache_seqs, ctx_per_seq=ctx_per_seq,
                               n_seq_max=args.n_seq_max)
     n_ctx = args.n_ctx if args.n_ctx is not None else args.n_seq_max * ctx_per_seq
+    placement = _placement(args)
+    placement["flash_attn"], flash_why = _serve_flash_attn(args, layout, ctx_per_seq)
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
                        kv_unified=layout.kv_unified, cache_seqs=layout.cache_seqs,
-                       swa_full=layout.swa_full, **_placement(args))
+                       swa_full=layout.swa_full, **placement)
     if model.kv_unified:  # one pool, but each request keeps its sequence's share of it
         model.n_ctx_seq = model.n_ctx // args.n_seq_max
     engine_loop(model).reproducible = layout.reproducible
@@ -358,6 +376,7 @@ def _serve(args: argparse.Namespace) -> int:
     log.info("context: %d tokens for each of %d sequences (%s)", model.n_ctx_seq,
              args.n_seq_max, sized)
     log.info("KV cache: %s", layout.why)
+    log.info("flash attention: %s", flash_why)
     name = args.name or Path(str(model.path)).stem
     limits = ServerLimits(max_tokens=args.max_tokens_cap, context_source=origin,
                           speculative=args.speculative)

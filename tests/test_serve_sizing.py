@@ -6,11 +6,17 @@ from __future__ import annotations
 import pytest
 
 from chatkit.errors import UsageError
-from chatkit.serve.sizing import POOL_MAX_CTX_PER_SEQ, kv_layout
+from chatkit.serve.sizing import (
+    MATMUL_ATTENTION_MAX_BYTES,
+    POOL_MAX_CTX_PER_SEQ,
+    KVLayout,
+    flash_attn,
+    kv_layout,
+)
 
 
 def _layout(kv: str | None = None, *, reproducible: bool = False, cache_seqs: int | None = None,
-            ctx: int = 1024, n_seq_max: int = 4):  # type: ignore[no-untyped-def]
+            ctx: int = 1024, n_seq_max: int = 4) -> KVLayout:
     return kv_layout(kv, reproducible=reproducible, cache_seqs=cache_seqs, ctx_per_seq=ctx,
                      n_seq_max=n_seq_max)
 
@@ -52,3 +58,27 @@ def test_flags_that_do_not_go_together_are_refused_by_name(
     # --cache-seqs 0 goes with anything that is not a pool
     if cache_seqs:
         _layout(None if kv == "pool" else kv, reproducible=reproducible, cache_seqs=0, ctx=ctx)
+
+
+def test_flash_attention_is_off_on_the_cpu_for_long_contexts_while_its_scratch_is_small(
+) -> None:
+    """Serve's own choice (no ``--flash-attn``): off on the CPU with a stream per sequence
+    (the measured case), llama.cpp's choice (None) with one pool, ``--reproducible``, a GPU,
+    an unknown head count, or scores above the bound; the flag always wins."""
+    long = _layout(ctx=32768)
+
+    def choose(flag: str | None = None, layout: KVLayout = long, ctx: int = 32768,
+               heads: int | None = 4, on_gpu: bool = False) -> tuple[bool | None, str]:
+        return flash_attn(flag, layout=layout, ctx_per_seq=ctx, heads=heads, on_gpu=on_gpu)
+
+    off, why = choose()
+    assert off is False and "off" in why and "512 MiB" in why  # 2 x 32768 x 512 x 4 x 4 B
+    for kept in (choose(layout=_layout(ctx=4096)), choose(layout=_layout(reproducible=True)),
+                 choose(on_gpu=True), choose(heads=None)):
+        assert kept[0] is None and "llama.cpp decides" in kept[1] and "--flash-attn" in kept[1]
+    big = 32  # a 7B model's heads at 32k: 4 GiB of scores a step
+    assert 2 * 32768 * 512 * big * 4 > MATMUL_ATTENTION_MAX_BYTES
+    assert choose(heads=big)[0] is None
+    assert choose(ctx=4096, heads=big, layout=_layout("streams", ctx=4096))[0] is False
+    for flag, given in (("on", True), ("off", False), ("auto", None)):
+        assert choose(flag, layout=_layout(ctx=1024)) == (given, f"--flash-attn {flag}")

@@ -116,6 +116,12 @@ def train_context(path: str | os.PathLike[str]) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
+def attention_heads(path: str | os.PathLike[str]) -> int | None:
+    """The most query heads a layer has (``<arch>.attention.head_count``), if given."""
+    arch, kv = _arch(path)
+    return _most(kv.get(f"{arch}.attention.head_count")) or None
+
+
 def kv_bytes_per_token(path: str | os.PathLike[str]) -> int | None:
     """An upper bound on the f16 KV cache's bytes per token position (every layer's keys
     and values, as if every layer attended to the whole context); None when the header

@@ -19,6 +19,11 @@ tokens (short requests, where sharing a prefix between concurrent requests pays 
 pool's span costs little), a stream per sequence above it (an agent's long sessions).
 ``--kv pool|streams`` chooses; ``--reproducible`` is a stream per sequence in steps small
 enough that each reply equals the same request served alone.
+
+Flash attention follows: with a stream per sequence on the CPU, llama.cpp's matmul attention
+prefills long prompts faster than its CPU flash-attention kernel (docs/benchmarks.md, "Flash
+attention on the CPU"), for a scratch buffer that grows with the context, so serve turns
+flash attention off there while that buffer stays small; elsewhere llama.cpp decides.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ KV_MEMORY_SHARE = 0.5
 
 POOL_MAX_CTX_PER_SEQ = 8192
 """The longest context per sequence that gets one KV pool by default."""
+
+MATMUL_ATTENTION_MAX_BYTES = 1 << 30
+"""The most one prefill step's attention scores may take (f32, scores and their softmax) for
+serve to turn flash attention off on the CPU."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,30 @@ def kv_layout(kv: str | None, *, reproducible: bool, cache_seqs: int | None,
     return KVLayout(True, cache, True, False,
                     f"one pool ({why}): prefixes copied between requests, {cache} cache "
                     f"sequences")
+
+
+def flash_attn(flag: str | None, *, layout: KVLayout, ctx_per_seq: int, heads: int | None,
+               on_gpu: bool, n_batch: int = 512) -> tuple[bool | None, str]:
+    """``--flash-attn`` (``auto``, ``on``, ``off``; None: serve decides) as ``Model.load``
+    takes it (None: llama.cpp decides), and why, for the start-up log. Serve's own choice is
+    off on the CPU (``on_gpu`` False) with a stream per sequence, not ``--reproducible``
+    (its steps are measured with llama.cpp's choice), while one prefill step's scores, 2 x
+    ``ctx_per_seq`` x ``n_batch`` x ``heads`` f32, fit ``MATMUL_ATTENTION_MAX_BYTES``;
+    llama.cpp's choice elsewhere (``heads`` None: the GGUF header does not say)."""
+    if flag is not None:
+        return {"auto": None, "on": True, "off": False}[flag], f"--flash-attn {flag}"
+    keep = ("a GPU" if on_gpu else "one KV pool" if layout.kv_unified
+            else "--reproducible" if layout.reproducible
+            else "the model's attention heads unknown" if not heads else None)
+    if keep is not None or not heads:
+        return None, f"llama.cpp decides ({keep}; --flash-attn sets it)"
+    scores = 2 * ctx_per_seq * n_batch * heads * 4
+    size = f"{scores / 2**20:.0f} MiB of attention scores a prefill step"
+    if scores > MATMUL_ATTENTION_MAX_BYTES:
+        return None, (f"llama.cpp decides (off would take {size}, above "
+                      f"{MATMUL_ATTENTION_MAX_BYTES // 2**20} MiB; --flash-attn sets it)")
+    return False, (f"off: on the CPU, llama.cpp's matmul attention prefills long prompts "
+                   f"faster than its flash attention, for {size} (--flash-attn sets it)")
 
 
 def check_flags(kv: str | None, *, reproducible: bool, cache_seqs: int | None) -> None:
