@@ -132,8 +132,10 @@ def test_a_window_that_dropped_cells_is_never_resumed_from(swa_full: bool) -> No
 
 
 def test_a_sessions_second_turn_is_served_from_its_cached_prefix() -> None:
-    """``chatkit serve`` loads Gemma 3 with ``swa_full``: an agent's second request (its
-    first request, the call and the tool result) starts from the first request's cells."""
+    """At 8,192 tokens a sequence ``chatkit serve`` loads Gemma 3 on one KV pool with
+    ``swa_full`` (longer contexts: a stream per sequence and window checkpoints,
+    test_swa_checkpoints): an agent's second request (its first request, the call and the
+    tool result) starts from the first request's cells."""
     from tests.conftest import gemma_path
 
     model = Model.load(gemma_path(), n_ctx=16384, n_seq_max=2, kv_unified=True,

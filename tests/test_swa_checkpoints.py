@@ -18,8 +18,9 @@ pytestmark = pytest.mark.gemma
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[Model]:
-    """Gemma on one KV pool (what ``chatkit serve`` loads), no ``swa_full``; small batches,
-    so the window layers' slack past the window is small too."""
+    """Gemma on one KV pool without ``swa_full`` (``chatkit serve``'s pool loads it; its
+    streams, the default above 8,192 tokens a sequence, keep these checkpoints); small
+    batches, so the window layers' slack past the window is small too."""
     model = Model.load(gemma_path(), n_ctx=8192, n_seq_max=2, kv_unified=True, n_batch=64)
     yield model
     model.close()
