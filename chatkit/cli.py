@@ -295,7 +295,8 @@ def _placement_flags(parser: argparse.ArgumentParser) -> None:
                         help="proportion per GPU, comma-separated (e.g. 3,1)")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default=None,
                         help="flash attention (default: llama.cpp decides; chatkit serve "
-                             "turns it off on the CPU for long contexts, docs/serving.md)")
+                             "turns it off on the CPU with a KV stream per sequence, "
+                             "docs/serving.md)")
     parser.add_argument("--no-offload-kqv", action="store_true",
                         help="keep the KV cache and attention on the CPU")
 
@@ -324,6 +325,7 @@ def _serve_template(args: argparse.Namespace) -> ChatTemplate | None:
 def _serve_flash_attn(args: argparse.Namespace, layout: KVLayout,
                      ctx_per_seq: int) -> tuple[bool | None, str]:
     """``--flash-attn``, or serve's own choice for ``layout`` (``sizing.flash_attn``)."""
+    from .engine.backends import plan_placement
     from .engine.gguf_header import attention_heads
     from .engine.llama_log import build_info
     from .engine.vocab import checked_gguf
@@ -331,9 +333,9 @@ def _serve_flash_attn(args: argparse.Namespace, layout: KVLayout,
     if args.flash_attn is not None:
         return flash_attn(args.flash_attn, layout=layout, ctx_per_seq=ctx_per_seq,
                           heads=None, on_gpu=False)
-    on_gpu = build_info().gpu_offload and args.n_gpu_layers != 0
+    where = plan_placement(build_info(), extra_buffer_types=None, **_placement(args))
     return flash_attn(None, layout=layout, ctx_per_seq=ctx_per_seq,
-                      heads=attention_heads(checked_gguf(args.model)), on_gpu=on_gpu)
+                      heads=attention_heads(checked_gguf(args.model)), on_gpu=where.on_gpu)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -80,5 +80,17 @@ def test_flash_attention_is_off_on_the_cpu_for_long_contexts_while_its_scratch_i
     assert 2 * 32768 * 512 * big * 4 > MATMUL_ATTENTION_MAX_BYTES
     assert choose(heads=big)[0] is None
     assert choose(ctx=4096, heads=big, layout=_layout("streams", ctx=4096))[0] is False
+    assert choose(heads=8)[0] is False  # 2 x 32768 x 512 x 8 x 4 B: 1 GiB, the bound itself
+    assert choose(heads=9)[0] is None  # 1.125 GiB
     for flag, given in (("on", True), ("off", False), ("auto", None)):
         assert choose(flag, layout=_layout(ctx=1024)) == (given, f"--flash-attn {flag}")
+
+
+@pytest.mark.gemma
+def test_the_heads_come_from_the_gguf_header() -> None:
+    from chatkit.engine.gguf_header import attention_heads
+    from chatkit.engine.vocab import default_model_path
+    from tests.conftest import gemma_path
+
+    assert attention_heads(default_model_path()) == 9  # SmolLM2-135M
+    assert attention_heads(gemma_path()) == 4  # Gemma 3 270M
