@@ -100,10 +100,10 @@ def flash_attn(flag: str | None, *, layout: KVLayout, ctx_per_seq: int, heads: i
     if flag is not None:
         return {"auto": None, "on": True, "off": False}[flag], f"--flash-attn {flag}"
     keep = ("a GPU" if on_gpu else "one KV pool" if layout.kv_unified
-            else "--reproducible" if layout.reproducible
-            else "the model's attention heads unknown" if not heads else None)
+            else "--reproducible" if layout.reproducible else None)
     if keep is not None or not heads:
-        return None, f"llama.cpp decides ({keep}; --flash-attn sets it)"
+        return None, (f"llama.cpp decides ({keep or 'attention heads unknown'}; "
+                      f"--flash-attn sets it)")
     scores = 2 * ctx_per_seq * n_batch * heads * 4
     size = f"{scores / 2**20:.0f} MiB of attention scores a prefill step"
     if scores > MATMUL_ATTENTION_MAX_BYTES:
