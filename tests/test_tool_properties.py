@@ -70,6 +70,19 @@ PROPERTY = settings(max_examples=200, deadline=None, derandomize=True, database=
                                            HealthCheck.filter_too_much])
 QUICK = settings(PROPERTY, max_examples=25)
 
+
+def per_dialect(runs: settings) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A property of every dialect: the test is parametrized by ``name`` (each of ``DIALECTS``),
+    run under ``runs`` and given ``data`` to draw from."""
+    def wrap(test: Callable[..., None]) -> Callable[..., None]:
+        return pytest.mark.parametrize("name", NAMES)(runs(given(data=st.data())(test)))
+    return wrap
+
+
+def draw_dialect(data: st.DataObject, name: str) -> Dialect:
+    """One of the dialect's written variants (spelling and layout a template may choose)."""
+    return data.draw(st.sampled_from(variants(DIALECTS[name])), label="dialect")
+
 KNOWN = {
     "json-del": "JSON arguments (every JSON dialect, and JSON-typed values in XML and pythonic "
     "ones): render_calls writes U+007F (DEL) raw inside a string, as json.dumps and RFC 8259 "
@@ -410,12 +423,10 @@ def read(text: str, tools: Sequence[Tool], d: Dialect) -> tuple[str, list[ToolCa
 
 
 # ------------------------------------------------------------------ written calls
-@pytest.mark.parametrize("name", NAMES)
-@PROPERTY
-@given(data=st.data())
+@per_dialect(PROPERTY)
 def test_written_calls_are_accepted_and_parse_back(engine: Model, name: str,
                                                    data: st.DataObject) -> None:
-    d = data.draw(st.sampled_from(variants(DIALECTS[name])), label="dialect")
+    d = draw_dialect(data, name)
     tools = tools_for(d)
     calls = data.draw(calls_for(tools, Ctx(d)), label="calls")
     wire = render_calls(d, calls)
@@ -507,9 +518,7 @@ def laid_out(draw: st.DrawFn, d: Dialect) -> tuple[Dialect, Ctx]:
     return written, Ctx(d, edge_space=edge)
 
 
-@pytest.mark.parametrize("name", NAMES)
-@QUICK
-@given(data=st.data())
+@per_dialect(QUICK)
 def test_calls_without_optional_layout_parse_back(engine: Model, name: str,
                                                   data: st.DataObject) -> None:
     """The grammar makes line breaks around markers optional (templates differ in them): a
@@ -555,12 +564,10 @@ def replies(draw: st.DrawFn, d: Dialect) -> str:
     return text
 
 
-@pytest.mark.parametrize("name", NAMES)
-@QUICK
-@given(data=st.data())
+@per_dialect(QUICK)
 def test_text_replies_are_accepted_and_parse_back(engine: Model, name: str,
                                                   data: st.DataObject) -> None:
-    d = data.draw(st.sampled_from(variants(DIALECTS[name])), label="dialect")
+    d = draw_dialect(data, name)
     text = data.draw(replies(d), label="text")
     reply = write_text(d, text)
     tools = tools_for(d)
@@ -698,24 +705,20 @@ def schema_values(draw: st.DrawFn, schema: dict[str, Any], ctx: Ctx, top: bool =
     return value
 
 
-@pytest.mark.parametrize("name", NAMES)
-@QUICK
-@given(data=st.data())
+@per_dialect(QUICK)
 def test_random_schemas_round_trip(engine: Model, name: str, data: st.DataObject) -> None:
     _random_schemas(engine, name, data)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
-@PROPERTY
-@given(data=st.data())
+@per_dialect(PROPERTY)
 def test_random_schemas_round_trip_at_length(engine: Model, name: str,
                                              data: st.DataObject) -> None:
     _random_schemas(engine, name, data)
 
 
 def _random_schemas(engine: Model, name: str, data: st.DataObject) -> None:
-    d = data.draw(st.sampled_from(variants(DIALECTS[name])), label="dialect")
+    d = draw_dialect(data, name)
     schema = data.draw(param_schemas(d), label="schema")
     tool = Tool.from_schema("fn", schema)
     ctx = Ctx(d)
@@ -838,7 +841,7 @@ def walk_for(engine: Model, d: Dialect, tools: Sequence[Tool]) -> Walk:
 
 
 def _accepted_text_parses(engine: Model, name: str, data: st.DataObject) -> None:
-    d = data.draw(st.sampled_from(variants(DIALECTS[name])), label="dialect")
+    d = draw_dialect(data, name)
     tools = tools_for(d)
     choice = data.draw(st.sampled_from(["required", "auto"]), label="tool_choice")
     c = constraint(engine, d, tools, choice)
@@ -862,9 +865,7 @@ def _accepted_text_parses(engine: Model, name: str, data: st.DataObject) -> None
         same_calls(d, calls2, calls)
 
 
-@pytest.mark.parametrize("name", NAMES)
-@QUICK
-@given(data=st.data())
+@per_dialect(QUICK)
 def test_grammar_accepted_text_parses(engine: Model, name: str, data: st.DataObject) -> None:
     _accepted_text_parses(engine, name, data)
 
@@ -878,9 +879,7 @@ WALK_ORDER = pytest.mark.xfail(strict=False, reason=(
 
 @pytest.mark.slow
 @WALK_ORDER
-@pytest.mark.parametrize("name", NAMES)
-@PROPERTY
-@given(data=st.data())
+@per_dialect(PROPERTY)
 def test_grammar_accepted_text_parses_at_length(engine: Model, name: str,
                                                 data: st.DataObject) -> None:
     _accepted_text_parses(engine, name, data)
