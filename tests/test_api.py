@@ -32,11 +32,13 @@ def test_readme_tour_passes_mypy_strict_without_casts() -> None:
 
 
 def test_mypy_check_can_fail() -> None:
-    """Positive control: a wrong parsed type and a misspelt option are both reported."""
+    """Positive control: a wrong parsed type, a misspelt option and a write to a read-only
+    lent value are each reported."""
     proc = _mypy(ROOT / "tests" / "typed" / "wrong.py")
     assert proc.returncode == 1, proc.stdout
     assert 'Expression is of type "Verdict", not "int"' in proc.stdout
     assert '"max_token"' in proc.stdout
+    assert 'wrong.py:20: error: Incompatible types in assignment' in proc.stdout
 
 
 def _modules() -> list[str]:

@@ -460,7 +460,11 @@ def test_model_is_composed_of_its_members_not_mixed_in(smol: Model) -> None:
             assert getattr(smol, name) == getattr(member, name)
     before = smol.seq_wait
     try:
-        smol.seq_wait = 1.5  # a lent value is written through to the member
+        smol.seq_wait = 1.5  # a lent setting is written through to the member
         assert smol.kv.seq_wait == 1.5
     finally:
         smol.seq_wait = before
+    unified = smol.kv_unified
+    with pytest.raises(AttributeError, match="read-only"):
+        smol.kv_unified = not unified  # type: ignore[assignment]  # what it was built with
+    assert smol.kv.kv_unified == unified and "kv_unified" not in vars(smol)

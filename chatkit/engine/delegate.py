@@ -9,7 +9,7 @@ name is written once, in the member that does the work, with its signature and d
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, Never, ParamSpec, TypeVar, overload
 
 __all__: list[str] = []
 
@@ -41,8 +41,9 @@ class Lent(Generic[P, R]):
 
 class LentValue(Generic[T]):
     """``copies_prefixes: LentValue[bool] = LentValue("kv")``: ``obj.copies_prefixes`` reads
-    ``obj.kv.copies_prefixes``; assigning it writes there too, so what the member keeps
-    read-only (a property without a setter) stays so (``AttributeError``)."""
+    ``obj.kv.copies_prefixes``, read-only: assigning it is a type error (mypy) and raises
+    ``AttributeError`` (what the engine was built with is not changed by a write). A value
+    the engine lets its user set is a :class:`LentSetting`."""
 
     def __init__(self, member: str) -> None:
         self.member = member
@@ -61,6 +62,15 @@ class LentValue(Generic[T]):
         if obj is None:
             return self
         return getattr(getattr(obj, self.member), self.attr)
+
+    def __set__(self, obj: object, value: Never) -> None:
+        raise AttributeError(f"{type(obj).__name__}.{self.attr} is read-only "
+                             f"(lent from its {self.member!r})")
+
+
+class LentSetting(LentValue[T]):
+    """``seq_wait: LentSetting[float] = LentSetting("kv")``: a lent value its user may set;
+    assigning ``obj.seq_wait`` writes ``obj.kv.seq_wait``."""
 
     def __set__(self, obj: object, value: T) -> None:
         setattr(getattr(obj, self.member), self.attr, value)

@@ -29,7 +29,7 @@ from ..errors import DecodeError, InvalidParameter, ModelLoadError
 from .backends import SPLIT_MODES, BuildInfo, Placement, plan_placement
 from .coldstart.llg_prebuild import TokenizerPrebuild
 from .compute import run_on_compute
-from .delegate import Lent, LentValue
+from .delegate import Lent, LentSetting, LentValue
 from .kvseqs import KVCells
 from .llama_log import build_info, forget_lines, last_error
 from .lowlevel import llama_cpp
@@ -216,7 +216,7 @@ class Model:
     # the KV cells' and sequence leases', lent
     kv_unified: LentValue[bool] = LentValue("kv")
     swa_full: LentValue[bool] = LentValue("kv")
-    seq_wait: LentValue[float] = LentValue("kv")
+    seq_wait: LentSetting[float] = LentSetting("kv")
     copies_prefixes: LentValue[bool] = LentValue("kv")
     cuts_back: LentValue[bool] = LentValue("kv")
     keeps_prefixes: LentValue[bool] = LentValue("kv")

@@ -17,3 +17,4 @@ def wrong() -> None:
     reply = Conversation(Model.load()).send("Judge.", schema=Verdict)
     assert_type(reply.parsed, int)  # wrong on purpose
     Conversation(Model.load()).send("Judge.", max_token=3)  # a misspelt option
+    Model.load().copies_prefixes = False  # a lent value the model keeps read-only
