@@ -6,7 +6,7 @@ speculative against plain. Counts replies equal to the alone reply, for the unif
 (llama.cpp's cells shared by every sequence) and for per-sequence KV streams
 (``kv_unified=False``, chatkit's default). First, the premise: a prompt's last logits when it
 is prefilled in chunks of 1 to 32 rows, against 32 (``Model.prefill``'s default): the sizes
-that give the same logits. Where some do not (Gemma 3 270M on the builds measured), a
+that give the same logits. Where some do not (Gemma 3 270M on the build measured), a
 reply's logits depend on how its prompt was split into steps, so a prompt resumed from a
 cached prefix, or prefilled beside other turns, can differ from the same prompt alone.
 

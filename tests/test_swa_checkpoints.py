@@ -6,7 +6,6 @@ of a conversation starts from the cached prompt without ``swa_full``."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -138,13 +137,12 @@ def test_an_agent_server_resumes_from_the_checkpoint() -> None:
                 response_format={"type": "json_object", "schema": long},
                 messages=[{"role": "system", "content": system}, story])
             assert first.usage.completion_tokens == 700  # past the window and its slack
-            second: Any = c.chat.completions.create(
+            second = c.chat.completions.create(
                 model="gemma", temperature=0, max_tokens=4,
                 messages=[{"role": "system", "content": system}, story,
                           {"role": "assistant", "content": "OK."},
                           {"role": "user", "content": "Shorter, please."}])
             cached = second.usage.prompt_tokens_details.cached_tokens
             assert cached >= first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
-            assert second.choices[0].message.content
     finally:
         model.close()
