@@ -41,14 +41,9 @@ def model_path(name: str) -> Path | None:
     return gemma_path() if name == "gemma" else None
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def order(i: int) -> tuple[bool, bool]:
+    """Which context goes first at step ``i`` (flash attention on, off): alternating."""
+    return (True, False) if i % 2 == 0 else (False, True)
 
 
 def prompt_tokens(model: Model, n: int) -> list[int]:
@@ -77,8 +72,7 @@ def main() -> None:
         last = {fa: np.zeros(0, dtype=np.float32) for fa in models}
         for i, start in enumerate(range(0, len(tokens), STEP)):
             chunk = tokens[start:start + STEP]
-            order = (True, False) if i % 2 == 0 else (False, True)
-            for fa in order:
+            for fa in order(i):
                 t0 = time.perf_counter()
                 rows = models[fa].decode([SeqChunk(0, start, chunk, "last")])
                 spent[fa][start // quarter] += time.perf_counter() - t0
@@ -86,8 +80,7 @@ def main() -> None:
         tok = {fa: int(np.argmax(last[fa])) for fa in models}
         decode = {fa: 0.0 for fa in models}
         for i in range(args.decode):
-            order = (True, False) if i % 2 == 0 else (False, True)
-            for fa in order:
+            for fa in order(i):
                 t0 = time.perf_counter()
                 row = models[fa].decode([SeqChunk(0, len(tokens) + i, [tok[fa]], "last")])[0][0]
                 decode[fa] += time.perf_counter() - t0
@@ -99,8 +92,10 @@ def main() -> None:
                               n_seq_max=1)
     choice, why = sizing.flash_attn(None, layout=layout, ctx_per_seq=n_ctx, heads=heads,
                                     on_gpu=False)
-    print(f"{date.today()}, {args.model}, {cpu_name()}, AMX kernels "
-          f"{'in' if build_info().amx_kernels else 'not in'} this build")
+    info = build_info()
+    cpu = next((d.description for d in info.devices if d.kind == "cpu"), platform.machine())
+    print(f"{date.today()}, {args.model}, {cpu}, AMX kernels "
+          f"{'in' if info.amx_kernels else 'not in'} this build")
     print(f"prompt {len(tokens)} tokens in {STEP}-token steps, alternating; "
           f"decode {args.decode} tokens at depth")
     print("| flash attention | " + " | ".join(f"quarter {q + 1} s" for q in range(4))
