@@ -9,8 +9,11 @@ is prefilled in chunks of 1 to 32 rows, against 32 (``Model.prefill``'s default)
 that give the same logits. Where some do not (Gemma 3 270M on the build measured), a
 reply's logits depend on how its prompt was split into steps, so a prompt resumed from a
 cached prefix, or prefilled beside other turns, can differ from the same prompt alone.
+``--batch-invariant`` loads the model with ``Model.load(batch_invariant=True)`` (llama.cpp's
+CPU kernels that keep a row's logits whatever the rows beside it: needed for K-quant weights,
+such as Gemma's Q4_K_M).
 
-    python3 dev.py bench reproducible [--model smollm2|gemma] [-n N]
+    python3 dev.py bench reproducible [--model smollm2|gemma] [--batch-invariant] [-n N]
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ def model_path(name: str) -> Path | None:
     return gemma_path() if name == "gemma" else None
 
 
-def chunkings(path: Path | None, n_tokens: int = 600) -> list[int]:
+def chunkings(path: Path | None, n_tokens: int = 600, invariant: bool = False) -> list[int]:
     """The chunk sizes (1-32) whose prefill of one prompt ends in the logits 32 gives."""
-    model = Model.load(path, n_ctx=1024, n_seq_max=1)
+    model = Model.load(path, n_ctx=1024, n_seq_max=1, batch_invariant=invariant)
     text = "Rules follow. " + "Run the tests after a change. " * 120
     prompt = model.tokenize(text, special=False)[:n_tokens]
     model.seq_rm(0)
@@ -70,8 +73,9 @@ def chunkings(path: Path | None, n_tokens: int = 600) -> list[int]:
     return same
 
 
-def run(path: Path | None, unified: bool, n: int) -> dict[str, int]:
-    model = Model.load(path, n_ctx=4096, n_seq_max=n, kv_unified=unified)
+def run(path: Path | None, unified: bool, n: int, invariant: bool) -> dict[str, int]:
+    model = Model.load(path, n_ctx=4096, n_seq_max=n, kv_unified=unified,
+                       batch_invariant=invariant)
     alone = [reply_text(Conversation(model), i) for i in range(n)]
     again = [reply_text(Conversation(model), i) for i in range(n)]
     threaded: list[str] = [""] * n
@@ -115,17 +119,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("-n", type=int, default=8)
     ap.add_argument("--model", choices=sorted(MODELS), default="smollm2")
+    ap.add_argument("--batch-invariant", action="store_true")
     args = ap.parse_args()
     n = min(args.n, len(SCHEMAS))
     path = model_path(args.model)
-    same = chunkings(path)
-    rows = {"unified KV (kv_unified=True)": run(path, True, n),
-            "KV stream per sequence (kv_unified=False)": run(path, False, n)}
-    print(f"{date.today()}, {MODELS[args.model]}: a 600-token prompt prefilled in chunks of "
-          f"1-32 rows ends in the logits 32-row chunks give for {len(same)} of 32 sizes: "
+    inv = args.batch_invariant
+    same = chunkings(path, invariant=inv)
+    rows = {"unified KV (kv_unified=True)": run(path, True, n, inv),
+            "KV stream per sequence (kv_unified=False)": run(path, False, n, inv)}
+    kernels = "batch-invariant kernels" if inv else "llama.cpp's default kernels"
+    print(f"{date.today()}, {MODELS[args.model]}, {kernels}: a 600-token prompt prefilled in "
+          f"chunks of 1-32 rows ends in the logits 32-row chunks give for {len(same)} of 32 sizes: "
           f"{', '.join(map(str, same))}")
-    print(f"{date.today()}, {MODELS[args.model]}, greedy, {n} fixture schemas, max 96 tokens; "
-          f"replies equal to the same reply sent alone")
+    print(f"{date.today()}, {MODELS[args.model]}, {kernels}, greedy, {n} fixture schemas, "
+          f"max 96 tokens; replies equal to the same reply sent alone")
     cols = list(next(iter(rows.values())))
     print("| KV cache | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")

@@ -367,7 +367,8 @@ def _serve(args: argparse.Namespace) -> int:
     model = Model.load(args.model, n_ctx=n_ctx, n_seq_max=args.n_seq_max,
                        n_threads=args.threads, progress=_tty_progress("loading model"),
                        kv_unified=layout.kv_unified, cache_seqs=layout.cache_seqs,
-                       swa_full=layout.swa_full, **placement)
+                       swa_full=layout.swa_full, batch_invariant=layout.reproducible,
+                       **placement)
     if model.kv_unified:  # one pool, but each request keeps its sequence's share of it
         model.n_ctx_seq = model.n_ctx // args.n_seq_max
     engine_loop(model).reproducible = layout.reproducible

@@ -8,12 +8,22 @@ recording ``llama_model_params`` at the real load.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from chatkit import BuildInfo, Device, InvalidParameter, Model, SeqChunk, build_info
-from chatkit.engine.backends import SPLIT_MODES, parse_system_info, plan_placement
+from chatkit.engine import backends
+from chatkit.engine.backends import (
+    SPLIT_MODES,
+    TILED_MM_ENV,
+    batch_invariant_kernels,
+    parse_system_info,
+    plan_placement,
+)
 from chatkit.engine.lowlevel import llama_cpp
 
 CPU_ONLY = BuildInfo(features={"CPU": {"AVX2": "1", "AVX512": "1"}}, devices=(
@@ -58,6 +68,100 @@ def test_amx_build_turns_extra_buffer_types_off() -> None:
     # the caller's word wins, both ways (a llama.cpp with the upstream fix)
     assert plan(AMX, extra_buffer_types=True).extra_buffer_types is True
     assert plan(CPU_ONLY, extra_buffer_types=False).extra_buffer_types is False
+
+
+def test_batch_invariant_repacks_no_weights() -> None:
+    for info in (CPU_ONLY, AMX):
+        placed = plan(info, batch_invariant=True)
+        assert placed.batch_invariant and placed.extra_buffer_types is False
+        assert "tiled K-quant matmul off" in placed.reason
+    assert plan(CPU_ONLY, batch_invariant=True, extra_buffer_types=False).batch_invariant
+    assert not plan(CPU_ONLY).batch_invariant
+    with pytest.raises(InvalidParameter) as err:
+        plan(CPU_ONLY, batch_invariant=True, extra_buffer_types=True)
+    assert err.value.name == "extra_buffer_types"
+    with pytest.raises(InvalidParameter) as err:
+        plan(CPU_ONLY, batch_invariant=1)
+    assert err.value.name == "batch_invariant"
+
+
+@pytest.fixture
+def tiled_switch(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """``GGML_CPU_TILED_MM`` unset and no model loaded yet, both restored afterwards."""
+    monkeypatch.setenv(TILED_MM_ENV, "restored")
+    monkeypatch.delenv(TILED_MM_ENV)
+    monkeypatch.setattr(backends, "_tiled_seen_on", False)
+    return monkeypatch
+
+
+def test_batch_invariant_turns_the_tiled_matmul_off_for_the_process(
+        tiled_switch: pytest.MonkeyPatch) -> None:
+    batch_invariant_kernels(True)
+    assert os.environ[TILED_MM_ENV] == "0"
+    batch_invariant_kernels(False)  # a later model runs with it off too
+    batch_invariant_kernels(True)
+    assert os.environ[TILED_MM_ENV] == "0"
+    tiled_switch.setenv(TILED_MM_ENV, " 00")  # read as C's atoi reads it
+    batch_invariant_kernels(True)
+    assert os.environ[TILED_MM_ENV] == " 00"
+
+
+def test_batch_invariant_is_refused_once_the_tiled_matmul_may_have_run(
+        tiled_switch: pytest.MonkeyPatch) -> None:
+    batch_invariant_kernels(False)  # a model loaded with llama.cpp's default
+    with pytest.raises(InvalidParameter, match="load the batch-invariant model first") as err:
+        batch_invariant_kernels(True)
+    assert err.value.name == "batch_invariant" and TILED_MM_ENV not in os.environ
+    tiled_switch.setattr(backends, "_tiled_seen_on", False)
+    for value in ("1", "2x"):
+        tiled_switch.setenv(TILED_MM_ENV, value)
+        with pytest.raises(InvalidParameter, match=f"{TILED_MM_ENV}='{value}'"):
+            batch_invariant_kernels(True)
+        assert os.environ[TILED_MM_ENV] == value
+
+
+def test_batch_invariant_reaches_llama_cpp(tiled_switch: pytest.MonkeyPatch) -> None:
+    seen = _Recorder(tiled_switch)
+    model = Model.load(n_ctx=512, n_seq_max=1, batch_invariant=True)
+    try:
+        assert seen.model[-1]["use_extra_bufts"] is False
+        assert model.placement.batch_invariant and os.environ[TILED_MM_ENV] == "0"
+    finally:
+        model.close()
+    tiled_switch.delenv(TILED_MM_ENV)
+    tiled_switch.setattr(backends, "_tiled_seen_on", True)
+    before = len(seen.model)
+    with pytest.raises(InvalidParameter):
+        Model.load(n_ctx=512, n_seq_max=1, batch_invariant=True)
+    assert len(seen.model) == before  # refused before llama.cpp loads anything
+
+
+_STEPS_AGREE = """
+import sys
+from chatkit import Model
+model = Model.load(sys.argv[1], n_ctx=1024, n_seq_max=1, batch_invariant=sys.argv[2] == "1")
+text = "Rules follow. " + "Run the tests after a change. " * 60
+prompt = model.tokenize(text, special=False)[:200]
+rows = []
+for step in (2, 3, 5, 8, 13, 32):  # 200 leaves a last step of 2 or more rows in each
+    model.seq_rm(0)
+    rows.append(model.prefill(0, prompt, chunk=step))
+print(sum(bool((r == rows[-1]).all()) for r in rows[:-1]))
+"""
+
+
+@pytest.mark.gemma
+@pytest.mark.bitwise
+def test_batch_invariant_gemma_logits_do_not_depend_on_the_step() -> None:
+    """Gemma 3 270M's Q4_K_M carries K-quant weights: with batch_invariant its prompt's
+    logits are the same whether it is prefilled 2, 3, 5, 8, 13 or 32 rows at a time. In a
+    fresh process: llama.cpp reads its tiled-matmul switch once per process."""
+    from tests.conftest import gemma_path
+
+    env = {k: v for k, v in os.environ.items() if k != TILED_MM_ENV}
+    out = subprocess.run([sys.executable, "-c", _STEPS_AGREE, str(gemma_path()), "1"],
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+    assert out.stdout.split()[-1] == "5", out.stderr[-2000:]
 
 
 def test_gpu_layers_default_to_every_layer_where_the_build_offloads() -> None:

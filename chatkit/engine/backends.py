@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -157,7 +158,9 @@ class Placement:
 
     ``n_gpu_layers`` is what llama.cpp was given (-1: every layer); ``on_gpu`` whether any
     layer is offloaded; ``extra_buffer_types`` whether llama.cpp may repack weights into its
-    extra CPU buffer types (AMX, repacked Q4_0/Q4_K/IQ4_NL); ``reason`` says why, in words,
+    extra CPU buffer types (AMX, repacked Q4_0/Q4_K/IQ4_NL); ``batch_invariant`` whether
+    the CPU kernels were chosen so that a row's logits do not depend on how many rows its
+    forward pass carries (:func:`batch_invariant_kernels`); ``reason`` says why, in words,
     as it was logged at load."""
 
     n_gpu_layers: int
@@ -168,17 +171,29 @@ class Placement:
     offload_kqv: bool
     extra_buffer_types: bool
     reason: str
+    batch_invariant: bool = False
 
 
 def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
                    split_mode: str, tensor_split: Sequence[float] | None,
                    flash_attn: bool | None, offload_kqv: bool,
-                   extra_buffer_types: bool | None) -> Placement:
+                   extra_buffer_types: bool | None,
+                   batch_invariant: bool = False) -> Placement:
     """Check the placement options against the build (``InvalidParameter`` naming the
-    first bad one) and decide what llama.cpp is given. Pure: no llama.cpp call."""
+    first bad one) and decide what llama.cpp is given. Pure: no llama.cpp call.
+    ``batch_invariant`` turns the extra buffer types off (their repacked K-quant weights
+    take one kernel for whole groups of four rows and another for the rest), so
+    ``extra_buffer_types=True`` beside it is refused."""
     _check_options(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode,
                    flash_attn=flash_attn, offload_kqv=offload_kqv,
                    extra_buffer_types=extra_buffer_types)
+    if not isinstance(batch_invariant, bool):
+        raise InvalidParameter("batch_invariant", f"must be True or False, got "
+                               f"{batch_invariant!r}")
+    if batch_invariant and extra_buffer_types:
+        raise InvalidParameter("extra_buffer_types", "batch_invariant=True repacks no "
+                               "weights (repacked K-quants take another kernel for the rows "
+                               "left over from groups of four); leave it None or False")
     if tensor_split is not None:
         _check_tensor_split(tensor_split, info.max_devices)
     gpus = len(info.gpus)
@@ -198,7 +213,11 @@ def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
         names = ", ".join(d.name for d in info.gpus) or "the offload backend"
         count = "every layer" if layers < 0 else f"{layers} layer(s)"
         where = f"{count} offloaded to {names} (split_mode={split_mode}, main_gpu={main_gpu})"
-    if extra_buffer_types is None:
+    if batch_invariant:
+        extra = False
+        where += ("; batch-invariant CPU kernels: llama.cpp's extra buffer types and its tiled "
+                  "K-quant matmul off")
+    elif extra_buffer_types is None:
         extra = not info.amx_kernels
         if not extra:
             where += ("; llama.cpp's extra buffer types off: this build carries its AMX "
@@ -207,7 +226,62 @@ def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
         extra = extra_buffer_types
     return Placement(n_gpu_layers=layers, on_gpu=layers != 0, main_gpu=main_gpu,
                      split_mode=split_mode, flash_attn=flash_attn, offload_kqv=offload_kqv,
-                     extra_buffer_types=extra, reason=where)
+                     extra_buffer_types=extra, reason=where, batch_invariant=batch_invariant)
+
+
+TILED_MM_ENV = "GGML_CPU_TILED_MM"
+"""llama.cpp's switch for its tiled K-quant matmul (on unless ``0``), read once per process
+at its first forward pass. The kernel takes a batch of 8 rows or more, ``vec_dot`` fewer, and
+the two round differently, so a row's logits depend on the rows beside it."""
+
+_tiled_seen_on = False
+
+
+def batch_invariant_kernels(wanted: bool) -> None:
+    """Before a model loads: with ``wanted``, turn llama.cpp's tiled K-quant matmul off for
+    this process (``GGML_CPU_TILED_MM=0``); without, note that a model may run it.
+
+    Raises ``InvalidParameter`` (``batch_invariant``) when the environment sets
+    ``GGML_CPU_TILED_MM`` to anything but 0, or when a model was loaded in this process
+    before with the kernel on: llama.cpp has then fixed it (load the batch-invariant model
+    first, or start the process with ``GGML_CPU_TILED_MM=0``). Once off, it stays off for
+    every model of the process (logged)."""
+    global _tiled_seen_on
+    value = os.environ.get(TILED_MM_ENV)
+    off = value is not None and _atoi(value) == 0
+    if not wanted:
+        if off:
+            _log.info("llama.cpp's tiled K-quant matmul is off in this process (%s=%s)",
+                      TILED_MM_ENV, value)
+        _tiled_seen_on = _tiled_seen_on or not off
+        return
+    if off:
+        return
+    if value is not None:
+        raise InvalidParameter("batch_invariant", f"the environment sets {TILED_MM_ENV}="
+                               f"{value!r}, which keeps llama.cpp's tiled K-quant matmul on; "
+                               "unset it or set 0")
+    if _tiled_seen_on:
+        raise InvalidParameter("batch_invariant", "a model was loaded in this process with "
+                               "llama.cpp's tiled K-quant matmul on, and llama.cpp reads "
+                               f"{TILED_MM_ENV} once; load the batch-invariant model first, "
+                               f"or start the process with {TILED_MM_ENV}=0")
+    os.environ[TILED_MM_ENV] = "0"
+    _log.info("llama.cpp's tiled K-quant matmul turned off for this process (%s=0): "
+              "batch_invariant", TILED_MM_ENV)
+
+
+def _atoi(text: str) -> int:
+    """C's ``atoi``, as ggml reads the variable: leading digits after blanks and a sign."""
+    digits = text.lstrip(" \t\n\v\f\r")
+    sign = -1 if digits[:1] == "-" else 1
+    digits = digits[1:] if digits[:1] in "+-" else digits
+    n = 0
+    for ch in digits:
+        if ch not in "0123456789":
+            break
+        n = n * 10 + int(ch)
+    return sign * n
 
 
 def _check_options(*, n_gpu_layers: int | None, main_gpu: int, split_mode: str,

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import DecodeError, InvalidParameter, ModelLoadError
-from .backends import SPLIT_MODES, BuildInfo, Placement, plan_placement
+from .backends import SPLIT_MODES, BuildInfo, Placement, batch_invariant_kernels, plan_placement
 from .coldstart.llg_prebuild import TokenizerPrebuild
 from .compute import run_on_compute
 from .delegate import Lent, LentSetting, LentValue
@@ -279,7 +279,8 @@ class Model:
              n_gpu_layers: int | None = None, main_gpu: int = 0, split_mode: str = "layer",
              tensor_split: Sequence[float] | None = None, flash_attn: bool | None = None,
              offload_kqv: bool = True, extra_buffer_types: bool | None = None,
-             cache_seqs: int = 0, swa_full: bool = False) -> Model:
+             cache_seqs: int = 0, swa_full: bool = False,
+             batch_invariant: bool = False) -> Model:
         """Load a GGUF (``None``: the embedded default model).
 
         Placement (README, "GPU offload"): ``n_gpu_layers`` None offloads every layer when
@@ -290,6 +291,12 @@ class Model:
         and ``offload_kqv`` are llama.cpp's own options; ``extra_buffer_types`` (None: on,
         except on a build carrying llama.cpp's AMX kernels) lets it repack weights for
         faster CPU kernels. The choice is logged and kept as :attr:`placement`.
+        ``batch_invariant`` picks llama.cpp's CPU kernels so that a row's logits do not depend
+        on how many rows share its forward pass (K-quant weights, Q4_K_M's, otherwise take
+        other kernels at 4 and at 8 rows): extra buffer types off and, for the whole process,
+        the tiled K-quant matmul (``GGML_CPU_TILED_MM=0``; ``InvalidParameter`` once a model
+        loaded before has fixed it on). It costs prefill speed on K-quant weights
+        (docs/running.md, "Reproducibility").
 
         By default each of the ``n_seq_max`` KV sequences has its own stream of
         ``n_ctx / n_seq_max`` cells (``n_ctx_seq``), so a conversation's logits do not
@@ -317,7 +324,8 @@ class Model:
         placement = plan_placement(
             info, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode,
             tensor_split=tensor_split, flash_attn=flash_attn, offload_kqv=offload_kqv,
-            extra_buffer_types=extra_buffer_types)
+            extra_buffer_types=extra_buffer_types, batch_invariant=batch_invariant)
+        batch_invariant_kernels(placement.batch_invariant)
         threads = n_threads or default_threads()
         hook = _Progress(progress) if progress is not None else None
         mparams, pointed = _model_params(info, placement, tensor_split, hook)
