@@ -524,8 +524,8 @@ def _add_serve(sub: Any) -> None:
                           f"while each sequence's context is at most "
                           f"{POOL_MAX_CTX_PER_SEQ} tokens")
     srv.add_argument("--reproducible", action="store_true",
-                     help="a KV stream per sequence in small steps: each reply equals the "
-                          "same request served alone")
+                     help="a KV stream per sequence in small steps, batch-invariant CPU "
+                          "kernels: each reply equals the same request served alone")
     srv.add_argument("--speculative", action="store_true",
                      help="grammar-drafted speculative decoding for every request: the "
                           "tokens a schema forces ride in one verify step")
