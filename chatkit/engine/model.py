@@ -106,7 +106,10 @@ def _check_cache_seqs(cache_seqs: int, n_seq_max: int, kv_unified: bool) -> None
 
 def _model_params(info: BuildInfo, placement: Placement, tensor_split: Sequence[float] | None,
                   progress: _Progress | None) -> tuple[Any, Any]:
-    """llama.cpp's model parameters, and what they point to (keep it alive while loading)."""
+    """llama.cpp's model parameters, and what they point to (keep it alive while loading);
+    with ``placement.batch_invariant``, its tiled K-quant matmul turned off first
+    (``InvalidParameter`` where it cannot be: :func:`batch_invariant_kernels`)."""
+    batch_invariant_kernels(placement.batch_invariant)
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placement.n_gpu_layers
     mparams.main_gpu = placement.main_gpu
@@ -279,44 +282,37 @@ class Model:
              n_gpu_layers: int | None = None, main_gpu: int = 0, split_mode: str = "layer",
              tensor_split: Sequence[float] | None = None, flash_attn: bool | None = None,
              offload_kqv: bool = True, extra_buffer_types: bool | None = None,
-             cache_seqs: int = 0, swa_full: bool = False,
-             batch_invariant: bool = False) -> Model:
+             cache_seqs: int = 0, swa_full: bool = False, batch_invariant: bool = False) -> Model:
         """Load a GGUF (``None``: the embedded default model).
 
-        Placement (README, "GPU offload"): ``n_gpu_layers`` None offloads every layer when
-        the build has a GPU backend and runs on the CPU otherwise; -1 is every layer, 0 the
-        CPU, N the first N layers; a CPU-only build runs on the CPU whatever the value.
-        ``main_gpu``, ``split_mode`` (``none``, ``layer``, ``row``, ``tensor``),
-        ``tensor_split`` (a proportion per device), ``flash_attn`` (None: llama.cpp decides)
-        and ``offload_kqv`` are llama.cpp's own options; ``extra_buffer_types`` (None: on,
-        except on a build carrying llama.cpp's AMX kernels) lets it repack weights for
-        faster CPU kernels. The choice is logged and kept as :attr:`placement`.
-        ``batch_invariant`` picks llama.cpp's CPU kernels so that a row's logits do not depend
-        on how many rows share its forward pass (K-quant weights, Q4_K_M's, otherwise take
-        other kernels at 4 and at 8 rows): extra buffer types off and, for the whole process,
-        the tiled K-quant matmul (``GGML_CPU_TILED_MM=0``; ``InvalidParameter`` once a model
-        loaded before has fixed it on). It costs prefill speed on K-quant weights
-        (docs/running.md, "Reproducibility").
+        Placement (README, "GPU offload"): ``n_gpu_layers`` None offloads every layer when the
+        build has a GPU backend and runs on the CPU otherwise; -1 is every layer, 0 the CPU, N the
+        first N layers; a CPU-only build runs on the CPU whatever the value. ``main_gpu``,
+        ``split_mode`` (``none``, ``layer``, ``row``, ``tensor``), ``tensor_split`` (a proportion
+        per device), ``flash_attn`` (None: llama.cpp decides) and ``offload_kqv`` are llama.cpp's
+        own options; ``extra_buffer_types`` (None: on, except on a build carrying llama.cpp's AMX
+        kernels) lets it repack weights for faster CPU kernels. The choice is logged and kept as
+        :attr:`placement`. ``batch_invariant``: CPU kernels that keep a row's logits whatever rows
+        share its step, as K-quant weights need (no repacking; llama.cpp's tiled matmul off for the
+        process: :func:`.backends.batch_invariant_kernels`).
 
-        By default each of the ``n_seq_max`` KV sequences has its own stream of
-        ``n_ctx / n_seq_max`` cells (``n_ctx_seq``), so a conversation's logits do not
-        depend on what other sequences hold (docs/running.md, "Reproducibility");
-        ``kv_unified=True`` shares one pool of ``n_ctx`` cells and allows prefix copies
-        (``seq_cp``), at the cost of last-bit differences. ``cache_seqs`` (one pool only):
-        sequence ids past ``n_seq_max`` that keep finished turns' prefixes (``lease_seq``);
-        each lease then keeps to ``n_ctx / n_seq_max`` cells and idle sequences are emptied,
-        least recently used first, before the pool could fill. ``swa_full``: a sliding-window
-        model (Gemma 3) keeps every cell in its window layers (full attention's KV memory),
-        so prefixes can be kept and shared (``chatkit serve`` sets it with one KV pool).
-        ``n_threads``: all. ``progress(fraction)`` is called as the weights load (returning
-        False cancels: ``ModelLoadError``). Every parameter is checked
-        (``InvalidParameter``) before llama.cpp sees it. Raises ``ModelNotFound`` (default
-        model not installed) or ``ModelLoadError`` (missing, unreadable or corrupt file).
+        By default each of the ``n_seq_max`` KV sequences has its own stream of ``n_ctx /
+        n_seq_max`` cells (``n_ctx_seq``), so a conversation's logits do not depend on what other
+        sequences hold (docs/running.md, "Reproducibility"); ``kv_unified=True`` shares one pool of
+        ``n_ctx`` cells and allows prefix copies (``seq_cp``), at the cost of last-bit differences.
+        ``cache_seqs`` (one pool only): sequence ids past ``n_seq_max`` that keep finished turns'
+        prefixes (``lease_seq``); each lease then keeps to ``n_ctx / n_seq_max`` cells and idle
+        sequences are emptied, least recently used first, before the pool could fill. ``swa_full``:
+        a sliding-window model (Gemma 3) keeps every cell in its window layers (full attention's KV
+        memory), so prefixes can be kept and shared (``chatkit serve`` sets it with one KV pool).
+        ``n_threads``: all. ``progress(fraction)`` is called as the weights load (returning False
+        cancels: ``ModelLoadError``). Every parameter is checked (``InvalidParameter``) before
+        llama.cpp sees it. Raises ``ModelNotFound`` (default model not installed) or
+        ``ModelLoadError`` (missing, unreadable or corrupt file).
 
-        Once the vocabulary is cached on disk (``CHATKIT_CACHE_DIR``), llguidance's
-        end-of-turn tokenizer is built in a worker thread while llama.cpp loads, with
-        llama.cpp's log lines of that window dropped; not with ``progress``, on a single
-        core, or when ``chatkit.llama_cpp`` logs at DEBUG.
+        With the vocabulary cached on disk (``CHATKIT_CACHE_DIR``), llguidance's end-of-turn
+        tokenizer is built in a thread while llama.cpp loads (its log lines dropped); not with
+        ``progress``, on a single core, or when ``chatkit.llama_cpp`` logs at DEBUG.
         """
         _check_load(n_ctx, n_seq_max, n_batch, n_threads, cache_seqs, kv_unified)
         resolved = checked_gguf(path)
@@ -325,7 +321,6 @@ class Model:
             info, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode,
             tensor_split=tensor_split, flash_attn=flash_attn, offload_kqv=offload_kqv,
             extra_buffer_types=extra_buffer_types, batch_invariant=batch_invariant)
-        batch_invariant_kernels(placement.batch_invariant)
         threads = n_threads or default_threads()
         hook = _Progress(progress) if progress is not None else None
         mparams, pointed = _model_params(info, placement, tensor_split, hook)
