@@ -3,8 +3,13 @@ ones (an agent's), the flags that choose it, and the ones that do not go togethe
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
+from chatkit.engine.backends import TILED_MM_ENV
 from chatkit.errors import UsageError
 from chatkit.serve.sizing import (
     MATMUL_ATTENTION_MAX_BYTES,
@@ -41,6 +46,7 @@ def test_the_flags_choose_and_say_so() -> None:
     assert (pool.kv_unified, pool.cache_seqs) == (True, 2)
     exact = _layout(reproducible=True, ctx=512)
     assert (exact.kv_unified, exact.reproducible) == (False, True)
+    assert exact.swa_full and "swa_full" in exact.why  # a resumed prefix as alone (below)
     assert _layout(n_seq_max=250).cache_seqs == 6  # 256 sequence ids in all
 
 
@@ -94,3 +100,43 @@ def test_the_heads_come_from_the_gguf_header() -> None:
 
     assert attention_heads(default_model_path()) == 9  # SmolLM2-135M
     assert attention_heads(gemma_path()) == 4  # Gemma 3 270M
+
+
+_RESUMED_AS_ALONE = """
+import sys
+from chatkit import Model
+from chatkit.serve.sizing import kv_layout
+layout = kv_layout(None, reproducible=True, cache_seqs=None, ctx_per_seq=1536, n_seq_max=1)
+model = Model.load(sys.argv[1], n_ctx=1536, n_seq_max=1, kv_unified=layout.kv_unified,
+                   swa_full=layout.swa_full, batch_invariant=layout.reproducible)
+text = model.tokenize("Rules follow. " + "Run the tests after a change. " * 160, special=False)
+ask = model.tokenize(" OK. Shorter, please. Now tell me which rule is first.", special=False)
+reply = model.tokenize(" Something else entirely, a long answer that goes on. " * 40,
+                       special=False)
+same = 0
+for n, r in ((650, 400), (1000, 60)):  # past Gemma's 512-token window
+    model.seq_rm(0)
+    alone = model.prefill(0, text[:n] + ask)
+    model.seq_rm(0)
+    model.prefill(0, text[:n] + reply[:r])
+    model.seq_rm(0, n, -1)  # the next request resumes after the cached prefix
+    assert model.resumable(0, n) == n
+    same += bool((model.prefill(0, ask, pos=n) == alone).all())
+print(same)
+"""
+
+
+@pytest.mark.gemma
+@pytest.mark.bitwise
+def test_reproducible_resumes_a_sliding_window_prefix_as_the_prompt_alone() -> None:
+    """``--reproducible``'s layout on Gemma 3 (a 512-token sliding window): a prompt resumed
+    after a cached prefix whose reply was cut back has the logits of the same prompt
+    prefilled alone. Without ``swa_full`` the window's ring holds the resumed rows in other
+    cells and the logits differ. In a fresh process: batch-invariant kernels are switched
+    once per process."""
+    from tests.conftest import gemma_path
+
+    env = {k: v for k, v in os.environ.items() if k != TILED_MM_ENV}
+    out = subprocess.run([sys.executable, "-c", _RESUMED_AS_ALONE, str(gemma_path())],
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+    assert out.stdout.split()[-1] == "2", out.stderr[-2000:]

@@ -12,7 +12,9 @@ Two layouts, chosen at start-up and logged with the reason:
 - **a stream per sequence**: each sequence's attention over its own cells only, as
   llama-server's slots. Prefixes are reused by routing a request to the idle sequence that
   holds its prefix (trimmed), never copied; sliding-window models keep their window
-  checkpoints instead of ``swa_full``.
+  checkpoints instead of ``swa_full`` (``--reproducible`` loads ``swa_full``: in the
+  window's ring a prompt resumed after a cached prefix lands in other cells than it would
+  alone, and attention summed in another order differs in the last bits).
 
 The default: one pool while each sequence's context is at most ``POOL_MAX_CTX_PER_SEQ``
 tokens (short requests, where sharing a prefix between concurrent requests pays and the
@@ -55,7 +57,8 @@ class KVLayout:
     cache_seqs: int
     """Idle sequences that only keep prompts (one pool only)."""
     swa_full: bool
-    """A sliding window's layers as large as the context (one pool: prefixes copied whole)."""
+    """A sliding window's layers as large as the context (one pool: prefixes copied whole;
+    ``--reproducible``: a resumed prefix attends to the cells it would alone)."""
     reproducible: bool
     """Steps small enough that each reply equals the same request served alone."""
     why: str
@@ -81,8 +84,12 @@ def kv_layout(kv: str | None, *, reproducible: bool, cache_seqs: int | None,
             raise UsageError(f"--cache-seqs keeps prompts in one KV pool, and above "
                              f"{POOL_MAX_CTX_PER_SEQ} tokens a sequence (here {ctx_per_seq}) "
                              f"the default is a stream per sequence: --kv pool sets one pool")
-        return KVLayout(False, 0, False, reproducible,
-                        f"a stream per sequence ({why}): no prefix copies between requests")
+        # --reproducible: a sliding window's layers keep every cell (``swa_full``), so a
+        # request resumed from a kept prefix reads the cells it would alone; else checkpoints
+        return KVLayout(False, 0, reproducible, reproducible,
+                        f"a stream per sequence ({why}): no prefix copies between requests"
+                        + ("; a sliding window's layers as large as the context (swa_full)"
+                           if reproducible else ""))
     cache = cache_seqs if cache_seqs is not None else min(n_seq_max, max(0, 256 - n_seq_max))
     return KVLayout(True, cache, True, False,
                     f"one pool ({why}): prefixes copied between requests, {cache} cache "
