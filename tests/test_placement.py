@@ -101,9 +101,10 @@ def test_batch_invariant_turns_the_tiled_matmul_off_for_the_process(
     batch_invariant_kernels(False)  # a later model runs with it off too
     batch_invariant_kernels(True)
     assert os.environ[TILED_MM_ENV] == "0"
-    tiled_switch.setenv(TILED_MM_ENV, " 00")  # read as C's atoi reads it
-    batch_invariant_kernels(True)
-    assert os.environ[TILED_MM_ENV] == " 00"
+    for value in (" 00", "4294967296"):  # read as glibc's atoi reads it: 0
+        tiled_switch.setenv(TILED_MM_ENV, value)
+        batch_invariant_kernels(True)
+        assert os.environ[TILED_MM_ENV] == value
 
 
 def test_batch_invariant_is_refused_once_the_tiled_matmul_may_have_run(
@@ -112,6 +113,9 @@ def test_batch_invariant_is_refused_once_the_tiled_matmul_may_have_run(
     with pytest.raises(InvalidParameter, match="load the batch-invariant model first") as err:
         batch_invariant_kernels(True)
     assert err.value.name == "batch_invariant" and TILED_MM_ENV not in os.environ
+    tiled_switch.setenv(TILED_MM_ENV, "0")  # too late: llama.cpp may have read it
+    with pytest.raises(InvalidParameter, match="load the batch-invariant model first"):
+        batch_invariant_kernels(True)
     tiled_switch.setattr(backends, "_tiled_seen_on", False)
     for value in ("1", "2x"):
         tiled_switch.setenv(TILED_MM_ENV, value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -235,6 +236,7 @@ at its first forward pass. The kernel takes a batch of 8 rows or more, ``vec_dot
 the two round differently, so a row's logits depend on the rows beside it."""
 
 _tiled_seen_on = False
+_switch_lock = threading.Lock()
 
 
 def batch_invariant_kernels(wanted: bool) -> None:
@@ -243,36 +245,39 @@ def batch_invariant_kernels(wanted: bool) -> None:
 
     Raises ``InvalidParameter`` (``batch_invariant``) when the environment sets
     ``GGML_CPU_TILED_MM`` to anything but 0, or when a model was loaded in this process
-    before with the kernel on: llama.cpp has then fixed it (load the batch-invariant model
-    first, or start the process with ``GGML_CPU_TILED_MM=0``). Once off, it stays off for
-    every model of the process (logged)."""
+    before with the kernel on (whether or not it ran; setting the variable afterwards does
+    not help): llama.cpp may have fixed it (load the batch-invariant model first, or start
+    the process with ``GGML_CPU_TILED_MM=0``). Once off, it stays off for every model of
+    the process (logged). Safe from several threads."""
     global _tiled_seen_on
-    value = os.environ.get(TILED_MM_ENV)
-    off = value is not None and _atoi(value) == 0
-    if not wanted:
+    with _switch_lock:
+        value = os.environ.get(TILED_MM_ENV)
+        off = value is not None and _atoi(value) == 0
+        if not wanted:
+            if off:
+                _log.info("llama.cpp's tiled K-quant matmul is off in this process (%s=%s)",
+                          TILED_MM_ENV, value)
+            _tiled_seen_on = _tiled_seen_on or not off
+            return
+        if _tiled_seen_on:
+            raise InvalidParameter("batch_invariant", "a model was loaded in this process "
+                                   "with llama.cpp's tiled K-quant matmul on, and llama.cpp "
+                                   f"reads {TILED_MM_ENV} once; load the batch-invariant "
+                                   f"model first, or start the process with {TILED_MM_ENV}=0")
         if off:
-            _log.info("llama.cpp's tiled K-quant matmul is off in this process (%s=%s)",
-                      TILED_MM_ENV, value)
-        _tiled_seen_on = _tiled_seen_on or not off
-        return
-    if off:
-        return
-    if value is not None:
-        raise InvalidParameter("batch_invariant", f"the environment sets {TILED_MM_ENV}="
-                               f"{value!r}, which keeps llama.cpp's tiled K-quant matmul on; "
-                               "unset it or set 0")
-    if _tiled_seen_on:
-        raise InvalidParameter("batch_invariant", "a model was loaded in this process with "
-                               "llama.cpp's tiled K-quant matmul on, and llama.cpp reads "
-                               f"{TILED_MM_ENV} once; load the batch-invariant model first, "
-                               f"or start the process with {TILED_MM_ENV}=0")
-    os.environ[TILED_MM_ENV] = "0"
+            return
+        if value is not None:
+            raise InvalidParameter("batch_invariant", f"the environment sets {TILED_MM_ENV}="
+                                   f"{value!r}, which keeps llama.cpp's tiled K-quant matmul "
+                                   "on; unset it or set 0")
+        os.environ[TILED_MM_ENV] = "0"
     _log.info("llama.cpp's tiled K-quant matmul turned off for this process (%s=0): "
               "batch_invariant", TILED_MM_ENV)
 
 
 def _atoi(text: str) -> int:
-    """C's ``atoi``, as ggml reads the variable: leading digits after blanks and a sign."""
+    """glibc's ``atoi``, as ggml reads the variable: leading digits after blanks and a sign,
+    as ``strtol`` (clamped to 64 bits), then cut to a 32-bit ``int``."""
     digits = text.lstrip(" \t\n\v\f\r")
     sign = -1 if digits[:1] == "-" else 1
     digits = digits[1:] if digits[:1] in "+-" else digits
@@ -281,7 +286,8 @@ def _atoi(text: str) -> int:
         if ch not in "0123456789":
             break
         n = n * 10 + int(ch)
-    return sign * n
+    n = max(-(1 << 63), min(sign * n, (1 << 63) - 1))
+    return (n + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
 def _check_options(*, n_gpu_layers: int | None, main_gpu: int, split_mode: str,
