@@ -11,9 +11,11 @@ reply's logits depend on how its prompt was split into steps, so a prompt resume
 cached prefix, or prefilled beside other turns, can differ from the same prompt alone.
 ``--batch-invariant`` loads the model with ``Model.load(batch_invariant=True)`` (llama.cpp's
 CPU kernels that keep a row's logits whatever the rows beside it: needed for K-quant weights,
-such as Gemma's Q4_K_M).
+such as Gemma's Q4_K_M, and for attention past ~256 cells). ``--context N`` puts a system
+prompt of about N tokens before each request, so the replies decode past that.
 
-    python3 dev.py bench reproducible [--model smollm2|gemma] [--batch-invariant] [-n N]
+    python3 dev.py bench reproducible [--model smollm2|gemma] [--batch-invariant]
+                                      [--context N] [-n N]
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ PROMPT = "Give one example value, as JSON."
 
 def schema(i: int) -> dict[str, Any]:
     return json.loads(SCHEMAS[i].read_text())  # type: ignore[no-any-return]
+
+
+def rules(tokens: int) -> str | None:
+    """A system prompt of about ``tokens`` tokens (None for 0)."""
+    if tokens <= 0:
+        return None
+    return "Answer with these rules in mind. " + " ".join(
+        f"Rule {i}: run the tests after change {i}." for i in range(tokens // 14 + 1))
 
 
 def reply_text(conv: Conversation, i: int, **kw: Any) -> str:
@@ -73,15 +83,21 @@ def chunkings(path: Path | None, n_tokens: int = 600, invariant: bool = False) -
     return same
 
 
-def run(path: Path | None, unified: bool, n: int, invariant: bool) -> dict[str, int]:
-    model = Model.load(path, n_ctx=4096, n_seq_max=n, kv_unified=unified,
+def run(path: Path | None, unified: bool, n: int, invariant: bool,
+        context: int = 0) -> dict[str, int]:
+    model = Model.load(path, n_ctx=n * (512 + context), n_seq_max=n, kv_unified=unified,
                        batch_invariant=invariant)
-    alone = [reply_text(Conversation(model), i) for i in range(n)]
-    again = [reply_text(Conversation(model), i) for i in range(n)]
+    system = rules(context)
+
+    def conv() -> Conversation:
+        return Conversation(model, system=system)
+
+    alone = [reply_text(conv(), i) for i in range(n)]
+    again = [reply_text(conv(), i) for i in range(n)]
     threaded: list[str] = [""] * n
 
     def worker(i: int) -> None:
-        threaded[i] = reply_text(Conversation(model), i)
+        threaded[i] = reply_text(conv(), i)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for t in threads:
@@ -93,7 +109,7 @@ def run(path: Path | None, unified: bool, n: int, invariant: bool) -> dict[str, 
     async def tasks() -> None:
         async def one(i: int) -> None:
             try:
-                r = await Conversation(model).asend(PROMPT, schema=schema(i), max_tokens=96)
+                r = await conv().asend(PROMPT, schema=schema(i), max_tokens=96)
                 tasked[i] = r.text
             except Exception as exc:
                 tasked[i] = f"{type(exc).__name__}:{getattr(exc, 'text', '')}"
@@ -103,11 +119,11 @@ def run(path: Path | None, unified: bool, n: int, invariant: bool) -> dict[str, 
                 tg.start_soon(one, i)
 
     anyio.run(tasks)
-    batch = send_batch([(Conversation(model), PROMPT, {"schema": schema(i)}) for i in range(n)],
+    batch = send_batch([(conv(), PROMPT, {"schema": schema(i)}) for i in range(n)],
                        max_tokens=96, return_exceptions=True)
     batched = [getattr(r, "text", f"{type(r).__name__}:{getattr(r, 'text', '')}")
                for r in batch]
-    spec = [reply_text(Conversation(model), i, speculative=True) for i in range(n)]
+    spec = [reply_text(conv(), i, speculative=True) for i in range(n)]
     model.close()
     return {name: sum(a == b for a, b in zip(alone, got, strict=True))
             for name, got in (("alone twice", again), ("threads", threaded),
@@ -120,19 +136,23 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=8)
     ap.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     ap.add_argument("--batch-invariant", action="store_true")
+    ap.add_argument("--context", type=int, default=0,
+                    help="tokens of system prompt before each request (about)")
     args = ap.parse_args()
     n = min(args.n, len(SCHEMAS))
     path = model_path(args.model)
     inv = args.batch_invariant
     same = chunkings(path, invariant=inv)
-    rows = {"unified KV (kv_unified=True)": run(path, True, n, inv),
-            "KV stream per sequence (kv_unified=False)": run(path, False, n, inv)}
+    ctx = args.context
+    rows = {"unified KV (kv_unified=True)": run(path, True, n, inv, ctx),
+            "KV stream per sequence (kv_unified=False)": run(path, False, n, inv, ctx)}
     kernels = "batch-invariant kernels" if inv else "llama.cpp's default kernels"
     print(f"{date.today()}, {MODELS[args.model]}, {kernels}: a 600-token prompt prefilled in "
           f"chunks of 1-32 rows ends in the logits 32-row chunks give for {len(same)} of 32 sizes: "
           f"{', '.join(map(str, same))}")
     print(f"{date.today()}, {MODELS[args.model]}, {kernels}, greedy, {n} fixture schemas, "
-          f"max 96 tokens; replies equal to the same reply sent alone")
+          f"a system prompt of ~{ctx} tokens, max 96 tokens; replies equal to the same reply "
+          f"sent alone")
     cols = list(next(iter(rows.values())))
     print("| KV cache | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")

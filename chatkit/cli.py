@@ -525,8 +525,9 @@ def _add_serve(sub: Any) -> None:
                           f"{POOL_MAX_CTX_PER_SEQ} tokens")
     srv.add_argument("--reproducible", action="store_true",
                      help="a KV stream per sequence in small steps, batch-invariant CPU "
-                          "kernels, a sliding window's KV kept whole (swa_full): each reply "
-                          "equals the same request served alone")
+                          "kernels (flash attention over a Q8_0 V cache), a sliding window's "
+                          "KV kept whole (swa_full): each reply equals the same request "
+                          "served alone")
     srv.add_argument("--speculative", action="store_true",
                      help="grammar-drafted speculative decoding for every request: the "
                           "tokens a schema forces ride in one verify step")

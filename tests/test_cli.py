@@ -172,6 +172,7 @@ def test_refusals_by_name_and_exit_code(args: list[str], code: int, name: str) -
     (["--reproducible", "--cache-seqs", "2"], "--cache-seqs"),
     (["--kv", "streams", "--cache-seqs", "2"], "--cache-seqs"),
     (["--ctx-per-seq", "4096", "--n-ctx", "131072"], "--n-ctx"),
+    (["--reproducible", "--flash-attn", "off", "--ctx-per-seq", "1024"], "--flash-attn off"),
 ])
 def test_serve_refuses_layout_flags_before_it_reads_the_model(args: list[str],
                                                                flag: str) -> None:

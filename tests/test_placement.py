@@ -18,6 +18,7 @@ import pytest
 from chatkit import BuildInfo, Device, InvalidParameter, Model, SeqChunk, build_info
 from chatkit.engine import backends
 from chatkit.engine.backends import (
+    INVARIANT_V_TYPE,
     SPLIT_MODES,
     TILED_MM_ENV,
     batch_invariant_kernels,
@@ -74,8 +75,13 @@ def test_batch_invariant_repacks_no_weights() -> None:
     for info in (CPU_ONLY, AMX):
         placed = plan(info, batch_invariant=True)
         assert placed.batch_invariant and placed.extra_buffer_types is False
-        assert "tiled K-quant matmul off" in placed.reason
+        assert "tiled K-quant matmul off" in placed.reason and "Q8_0 V cache" in placed.reason
+        assert placed.flash_attn is True  # the one attention kernel for every step's shape
     assert plan(CPU_ONLY, batch_invariant=True, extra_buffer_types=False).batch_invariant
+    assert plan(CPU_ONLY, batch_invariant=True, flash_attn=True).flash_attn is True
+    with pytest.raises(InvalidParameter) as err:
+        plan(CPU_ONLY, batch_invariant=True, flash_attn=False)
+    assert err.value.name == "flash_attn"
     assert not plan(CPU_ONLY).batch_invariant
     with pytest.raises(InvalidParameter) as err:
         plan(CPU_ONLY, batch_invariant=True, extra_buffer_types=True)
@@ -129,6 +135,8 @@ def test_batch_invariant_reaches_llama_cpp(tiled_switch: pytest.MonkeyPatch) -> 
     model = Model.load(n_ctx=512, n_seq_max=1, batch_invariant=True)
     try:
         assert seen.model[-1]["use_extra_bufts"] is False
+        assert seen.context[-1]["type_v"] == INVARIANT_V_TYPE == llama_cpp.GGML_TYPE_Q8_0
+        assert seen.context[-1]["flash_attn_type"] == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         assert model.placement.batch_invariant and os.environ[TILED_MM_ENV] == "0"
     finally:
         model.close()
@@ -152,6 +160,40 @@ for step in (2, 3, 5, 8, 13, 32):  # 200 leaves a last step of 2 or more rows in
     rows.append(model.prefill(0, prompt, chunk=step))
 print(sum(bool((r == rows[-1]).all()) for r in rows[:-1]))
 """
+
+
+_LONE_ROW = """
+import sys
+from chatkit import Model
+from chatkit.engine.protocols import SeqChunk
+model = Model.load(n_ctx=2 * 1024, n_seq_max=2, batch_invariant=sys.argv[1] == "1")
+ours = model.tokenize("Run the tests after a change, and read the diff twice. " * 80,
+                      special=False)[:700]
+theirs = model.tokenize("Something else entirely, about the weather in Oslo. " * 80,
+                        special=False)[:700]
+same = 0
+for depth in (300, 600):  # a stream's attention over 512 cells or more
+    model.seq_rm(0); model.seq_rm(1)
+    model.prefill(0, ours[:depth]); model.prefill(1, theirs[:depth])
+    alone = model.decode([SeqChunk(0, depth, [ours[depth]], "last")])[0].copy()
+    model.seq_rm(0, depth, -1)
+    beside = model.decode([SeqChunk(0, depth, [ours[depth]], "last"),
+                           SeqChunk(1, depth, [theirs[depth]], "last")])[0]
+    same += bool((alone == beside).all())
+print(same)
+"""
+
+
+@pytest.mark.bitwise
+def test_batch_invariant_a_lone_row_attends_as_it_does_beside_another_sequence() -> None:
+    """A decoding row alone in its step (a reply sent alone) has the logits it has beside
+    another sequence's row (the same reply among others), however many cells it attends
+    to: llama.cpp's flash attention splits a lone row over 512 cells or more across
+    threads for an F16 V cache, not for batch_invariant's Q8_0 one. In a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != TILED_MM_ENV}
+    out = subprocess.run([sys.executable, "-c", _LONE_ROW, "1"], capture_output=True,
+                         text=True, env=env, timeout=300, check=True)
+    assert out.stdout.split()[-1] == "2", out.stderr[-2000:]
 
 
 @pytest.mark.gemma
@@ -217,7 +259,7 @@ class _Recorder:
 
         def recording_init(model: Any, params: Any) -> Any:
             self.context.append({f: getattr(params, f) for f in (
-                "flash_attn_type", "offload_kqv")})
+                "flash_attn_type", "offload_kqv", "type_v")})
             return init(model, params)
 
         monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", recording_load)
@@ -264,7 +306,7 @@ def test_gpu_options_reach_llama_cpp_on_this_build(
         params, ctx = seen.model[-1], seen.context[-1]
         assert params["split_mode"] == SPLIT_MODES["none"]
         assert ctx == {"flash_attn_type": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-                       "offload_kqv": False}
+                       "offload_kqv": False, "type_v": llama_cpp.GGML_TYPE_F16}
         if build_info().gpu_offload:
             assert params["n_gpu_layers"] == 99 and model.placement.on_gpu
         else:  # a CPU-only build accepts the option and logs that it runs on the CPU

@@ -69,8 +69,9 @@ def test_flags_that_do_not_go_together_are_refused_by_name(
 def test_flash_attention_is_off_on_the_cpu_for_long_contexts_while_its_scratch_is_small(
 ) -> None:
     """Serve's own choice (no ``--flash-attn``): off on the CPU with a stream per sequence
-    (the measured case), llama.cpp's choice (None) with one pool, ``--reproducible``, a GPU,
-    an unknown head count, or scores above the bound; the flag always wins."""
+    (the measured case), llama.cpp's choice (None) with one pool, a GPU, an unknown head
+    count, or scores above the bound; the flag wins, except ``off`` with ``--reproducible``
+    (on: its batch-invariant attention)."""
     long = _layout(ctx=32768)
 
     def choose(flag: str | None = None, layout: KVLayout = long, ctx: int = 32768,
@@ -79,8 +80,7 @@ def test_flash_attention_is_off_on_the_cpu_for_long_contexts_while_its_scratch_i
 
     off, why = choose()
     assert off is False and "off" in why and "512 MiB" in why  # 2 x 32768 x 512 x 4 x 4 B
-    for kept in (choose(layout=_layout(ctx=4096)), choose(layout=_layout(reproducible=True)),
-                 choose(on_gpu=True), choose(heads=None)):
+    for kept in (choose(layout=_layout(ctx=4096)), choose(on_gpu=True), choose(heads=None)):
         assert kept[0] is None and "llama.cpp decides" in kept[1] and "--flash-attn" in kept[1]
     big = 32  # a 7B model's heads at 32k: 4 GiB of scores a step
     assert 2 * 32768 * 512 * big * 4 > MATMUL_ATTENTION_MAX_BYTES
@@ -90,6 +90,11 @@ def test_flash_attention_is_off_on_the_cpu_for_long_contexts_while_its_scratch_i
     assert choose(heads=9)[0] is None  # 1.125 GiB
     for flag, given in (("on", True), ("off", False), ("auto", None)):
         assert choose(flag, layout=_layout(ctx=1024)) == (given, f"--flash-attn {flag}")
+    exact = _layout(reproducible=True)
+    for flag in (None, "on", "auto"):
+        assert choose(flag, layout=exact)[0] is True
+    with pytest.raises(UsageError, match="--reproducible"):
+        choose("off", layout=exact)
 
 
 @pytest.mark.gemma

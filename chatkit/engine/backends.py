@@ -183,8 +183,9 @@ def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
     """Check the placement options against the build (``InvalidParameter`` naming the
     first bad one) and decide what llama.cpp is given. Pure: no llama.cpp call.
     ``batch_invariant`` turns the extra buffer types off (their repacked K-quant weights
-    take one kernel for whole groups of four rows and another for the rest), so
-    ``extra_buffer_types=True`` beside it is refused."""
+    take one kernel for whole groups of four rows and another for the rest) and flash
+    attention on over a Q8_0 V cache (:data:`INVARIANT_V_TYPE`), so ``extra_buffer_types=True``
+    or ``flash_attn=False`` beside it is refused."""
     _check_options(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode,
                    flash_attn=flash_attn, offload_kqv=offload_kqv,
                    extra_buffer_types=extra_buffer_types)
@@ -195,6 +196,11 @@ def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
         raise InvalidParameter("extra_buffer_types", "batch_invariant=True repacks no "
                                "weights (repacked K-quants take another kernel for the rows "
                                "left over from groups of four); leave it None or False")
+    if batch_invariant and flash_attn is False:
+        raise InvalidParameter("flash_attn", "batch_invariant=True attends with llama.cpp's "
+                               "flash attention (one kernel for every step's shape over its "
+                               "Q8_0 V cache; without it the matmul's kernel changes with the "
+                               "rows of a step); leave it None or True")
     if tensor_split is not None:
         _check_tensor_split(tensor_split, info.max_devices)
     gpus = len(info.gpus)
@@ -215,9 +221,9 @@ def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
         count = "every layer" if layers < 0 else f"{layers} layer(s)"
         where = f"{count} offloaded to {names} (split_mode={split_mode}, main_gpu={main_gpu})"
     if batch_invariant:
-        extra = False
+        extra, flash_attn = False, True
         where += ("; batch-invariant CPU kernels: llama.cpp's extra buffer types and its tiled "
-                  "K-quant matmul off")
+                  "K-quant matmul off, flash attention over a Q8_0 V cache")
     elif extra_buffer_types is None:
         extra = not info.amx_kernels
         if not extra:
@@ -229,6 +235,14 @@ def plan_placement(info: BuildInfo, *, n_gpu_layers: int | None, main_gpu: int,
                      split_mode=split_mode, flash_attn=flash_attn, offload_kqv=offload_kqv,
                      extra_buffer_types=extra, reason=where, batch_invariant=batch_invariant)
 
+
+INVARIANT_V_TYPE = 8  # GGML_TYPE_Q8_0
+"""The V cache's type under ``batch_invariant``. llama.cpp's CPU flash attention takes
+another path for an F16 (or F32) cache by a step's shape: a lone row of one sequence over
+512 cells or more is split across threads (another summation order), 64 rows of one
+sequence are tiled. With K and V of different types it takes its one per-row kernel for
+every shape. Q8_0 halves the V cache's memory; its rounding is the price (small: llama.cpp's
+``-ctv q8_0``)."""
 
 TILED_MM_ENV = "GGML_CPU_TILED_MM"
 """llama.cpp's switch for its tiled K-quant matmul (on unless ``0``), read once per process

@@ -26,7 +26,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import DecodeError, InvalidParameter, ModelLoadError
-from .backends import SPLIT_MODES, BuildInfo, Placement, batch_invariant_kernels, plan_placement
+from .backends import (
+    INVARIANT_V_TYPE,
+    SPLIT_MODES,
+    BuildInfo,
+    Placement,
+    batch_invariant_kernels,
+    plan_placement,
+)
 from .coldstart.llg_prebuild import TokenizerPrebuild
 from .compute import run_on_compute
 from .delegate import Lent, LentSetting, LentValue
@@ -142,6 +149,8 @@ def _context_params(placement: Placement, *, n_ctx: int, n_batch: int, n_seq_max
     if hasattr(cparams, "kv_unified"):
         cparams.kv_unified = kv_unified
     cparams.swa_full = swa_full
+    if placement.batch_invariant:  # one flash-attention kernel for every step's shape
+        cparams.type_v = INVARIANT_V_TYPE
     return cparams
 
 
@@ -293,8 +302,8 @@ class Model:
         own options; ``extra_buffer_types`` (None: on, except on a build carrying llama.cpp's AMX
         kernels) lets it repack weights for faster CPU kernels. The choice is logged and kept as
         :attr:`placement`. ``batch_invariant``: CPU kernels that keep a row's logits whatever rows
-        share its step, as K-quant weights need (no repacking; llama.cpp's tiled matmul off for the
-        process: :func:`.backends.batch_invariant_kernels`).
+        share its step (no repacking; llama.cpp's tiled matmul off for the process:
+        :func:`.backends.batch_invariant_kernels`; flash attention over a Q8_0 V cache).
 
         By default each of the ``n_seq_max`` KV sequences has its own stream of ``n_ctx /
         n_seq_max`` cells (``n_ctx_seq``), so a conversation's logits do not depend on what other
@@ -304,7 +313,7 @@ class Model:
         prefixes (``lease_seq``); each lease then keeps to ``n_ctx / n_seq_max`` cells and idle
         sequences are emptied, least recently used first, before the pool could fill. ``swa_full``:
         a sliding-window model (Gemma 3) keeps every cell in its window layers (full attention's KV
-        memory), so prefixes can be kept and shared (``chatkit serve`` sets it with one KV pool).
+        memory), so prefixes can be kept and shared (``chatkit serve``: one pool, --reproducible).
         ``n_threads``: all. ``progress(fraction)`` is called as the weights load (returning False
         cancels: ``ModelLoadError``). Every parameter is checked (``InvalidParameter``) before
         llama.cpp sees it. Raises ``ModelNotFound`` (default model not installed) or

@@ -49,9 +49,11 @@ drafts only below this length, so its output equals plain decoding."""
 SAFE_PREFILL_CHUNK = 32
 """Prompt tokens per forward pass that keep logits bitwise equal to one-token-at-a-time
 evaluation on llama.cpp's CPU build (docs/DESIGN.md "Numerics"): below the measured
-threshold of 48-64, and a multiple of the 16-row matmul tiles. K-quant weights keep it only
-with ``Model.load(batch_invariant=True)`` (otherwise Gemma 3 270M's Q4_K_M agrees only
-between steps of 8, 12, ... 32 rows: docs/running.md, "Reproducibility")."""
+threshold of 48-64 (the 64-row tile of its flash attention), and a multiple of the 16-row
+matmul tiles. Past ~256 cells of a sequence (its flash attention splits a lone row over
+512 cells or more across threads) and for K-quant weights (Gemma 3 270M's Q4_K_M agrees
+only between steps of 8, 12, ... 32 rows) it holds only with
+``Model.load(batch_invariant=True)`` (docs/running.md, "Reproducibility")."""
 
 
 @dataclass(frozen=True)

@@ -99,15 +99,21 @@ def kv_layout(kv: str | None, *, reproducible: bool, cache_seqs: int | None,
 def flash_attn(flag: str | None, *, layout: KVLayout, ctx_per_seq: int, heads: int | None,
                on_gpu: bool, n_batch: int = 512) -> tuple[bool | None, str]:
     """``--flash-attn`` (``auto``, ``on``, ``off``; None: serve decides) as ``Model.load``
-    takes it (None: llama.cpp decides), and why, for the start-up log. Serve's own choice is
-    off on the CPU (``on_gpu`` False) with a stream per sequence, not ``--reproducible``
-    (its steps are measured with llama.cpp's choice), while one prefill step's scores, 2 x
+    takes it (None: llama.cpp decides), and why, for the start-up log; ``--reproducible``
+    is on (``UsageError`` for ``off``: ``Model.load(batch_invariant=True)``). Serve's own
+    choice is off on the CPU (``on_gpu`` False) with a stream per sequence, while one
+    prefill step's scores, 2 x
     ``ctx_per_seq`` x ``n_batch`` x ``heads`` f32, fit ``MATMUL_ATTENTION_MAX_BYTES``;
     llama.cpp's choice elsewhere (``heads`` None: the GGUF header does not say)."""
+    if layout.reproducible:
+        if flag == "off":
+            raise UsageError("--reproducible attends with flash attention (over a Q8_0 V "
+                             "cache, the one kernel for every step's shape), not --flash-attn "
+                             "off")
+        return True, "on: --reproducible (batch-invariant, over a Q8_0 V cache)"
     if flag is not None:
         return {"auto": None, "on": True, "off": False}[flag], f"--flash-attn {flag}"
-    keep = ("a GPU" if on_gpu else "one KV pool" if layout.kv_unified
-            else "--reproducible" if layout.reproducible else None)
+    keep = "a GPU" if on_gpu else "one KV pool" if layout.kv_unified else None
     if keep is not None or not heads:
         return None, (f"llama.cpp decides ({keep or 'attention heads unknown'}; "
                       f"--flash-attn sets it)")
