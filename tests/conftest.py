@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "bitwise" in item.keywords:
             item.add_marker(skip)
+
+
+def in_fresh_process(script: str, *args: str) -> tuple[str, str]:
+    """Run ``script`` (Python source) with ``args`` in a fresh interpreter, without
+    ``GGML_CPU_TILED_MM`` set: llama.cpp reads that switch once per process, so a
+    ``batch_invariant`` model needs a process of its own. Returns the last word of its stdout
+    and the tail of its stderr (for an assertion's message); a failing run raises
+    ``CalledProcessError``, one past 300 s ``TimeoutExpired``."""
+    from chatkit.engine.backends import TILED_MM_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != TILED_MM_ENV}
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                         text=True, env=env, timeout=300, check=True)
+    return (out.stdout.split() or [""])[-1], out.stderr[-2000:]
 
 
 @pytest.fixture(scope="session")

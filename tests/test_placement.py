@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -26,6 +24,7 @@ from chatkit.engine.backends import (
     plan_placement,
 )
 from chatkit.engine.lowlevel import llama_cpp
+from tests.conftest import in_fresh_process
 
 CPU_ONLY = BuildInfo(features={"CPU": {"AVX2": "1", "AVX512": "1"}}, devices=(
     Device("CPU", "Intel Xeon", "cpu", 0, 0),), gpu_offload=False, max_devices=16)
@@ -190,10 +189,8 @@ def test_batch_invariant_a_lone_row_attends_as_it_does_beside_another_sequence()
     another sequence's row (the same reply among others), however many cells it attends
     to: llama.cpp's flash attention splits a lone row over 512 cells or more across
     threads for an F16 V cache, not for batch_invariant's Q8_0 one. In a fresh process."""
-    env = {k: v for k, v in os.environ.items() if k != TILED_MM_ENV}
-    out = subprocess.run([sys.executable, "-c", _LONE_ROW, "1"], capture_output=True,
-                         text=True, env=env, timeout=300, check=True)
-    assert out.stdout.split()[-1] == "2", out.stderr[-2000:]
+    same, stderr = in_fresh_process(_LONE_ROW, "1")
+    assert same == "2", stderr
 
 
 @pytest.mark.gemma
@@ -204,10 +201,8 @@ def test_batch_invariant_gemma_logits_do_not_depend_on_the_step() -> None:
     fresh process: llama.cpp reads its tiled-matmul switch once per process."""
     from tests.conftest import gemma_path
 
-    env = {k: v for k, v in os.environ.items() if k != TILED_MM_ENV}
-    out = subprocess.run([sys.executable, "-c", _STEPS_AGREE, str(gemma_path()), "1"],
-                         capture_output=True, text=True, env=env, timeout=300, check=True)
-    assert out.stdout.split()[-1] == "5", out.stderr[-2000:]
+    same, stderr = in_fresh_process(_STEPS_AGREE, str(gemma_path()), "1")
+    assert same == "5", stderr
 
 
 def test_gpu_layers_default_to_every_layer_where_the_build_offloads() -> None:

@@ -3,13 +3,8 @@ ones (an agent's), the flags that choose it, and the ones that do not go togethe
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from chatkit.engine.backends import TILED_MM_ENV
 from chatkit.errors import UsageError
 from chatkit.serve.sizing import (
     MATMUL_ATTENTION_MAX_BYTES,
@@ -139,9 +134,7 @@ def test_reproducible_resumes_a_sliding_window_prefix_as_the_prompt_alone() -> N
     prefilled alone. Without ``swa_full`` the window's ring holds the resumed rows in other
     cells and the logits differ. In a fresh process: batch-invariant kernels are switched
     once per process."""
-    from tests.conftest import gemma_path
+    from tests.conftest import gemma_path, in_fresh_process
 
-    env = {k: v for k, v in os.environ.items() if k != TILED_MM_ENV}
-    out = subprocess.run([sys.executable, "-c", _RESUMED_AS_ALONE, str(gemma_path())],
-                         capture_output=True, text=True, env=env, timeout=300, check=True)
-    assert out.stdout.split()[-1] == "2", out.stderr[-2000:]
+    same, stderr = in_fresh_process(_RESUMED_AS_ALONE, str(gemma_path()))
+    assert same == "2", stderr
